@@ -1,0 +1,52 @@
+# sarathi-cluster: the two set-up commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# CPU build of torch that lies on disk on machines without a GPU; a bare `torch` would pull CUDA.
+TORCH_CPU ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install test unit integration lint format proto bench bench-scheduler bench-paper demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if ! $(PY) -c 'import torch' 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: installing torch from the index"; \
+	  else echo "no GPU: installing the CPU build $(TORCH_CPU) first"; $(PIP) install -q $(TORCH_CPU); fi; \
+	fi
+	$(PIP) install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy controller tools/sarathictl
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+proto: install
+	$(PY) tools/gen_proto.py
+
+bench: bench-scheduler
+
+bench-scheduler: install
+	$(VENV)/bin/sarathictl bench scheduler
+
+demo: install
+	$(VENV)/bin/sarathictl demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

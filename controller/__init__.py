@@ -1,0 +1,1 @@
+"""The sarathi-cluster controller: gRPC API, Sarathi scheduler, pipeline dispatch, metrics."""

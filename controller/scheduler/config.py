@@ -1,0 +1,112 @@
+"""Typed, validated configuration of the scheduler and the KV-cache accounting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.scheduler.errors import ConfigError
+
+POLICY_NAMES = ("sarathi", "vllm", "orca", "request_level", "chunked_only")
+# Policies that split prompts into chunks and so must keep every micro-batch within the budget.
+CHUNKED_POLICIES = frozenset({"sarathi", "chunked_only"})
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache seen from the controller: how many blocks exist and how big each is."""
+
+    block_size: int = 16
+    """Tokens per KV-cache block; a power of two."""
+    num_blocks: int = 4096
+    """KV-cache blocks per worker (the minimum over all workers of the pipeline)."""
+    watermark: float = 0.01
+    """Share of blocks kept free when admitting new requests, so running decodes can grow."""
+
+    def __post_init__(self) -> None:
+        if not _is_power_of_two(self.block_size):
+            raise ConfigError("block_size", self.block_size, "a power of two >= 1")
+        if self.num_blocks < 1:
+            raise ConfigError("num_blocks", self.num_blocks, "at least 1")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError("watermark", self.watermark, "in [0, 1)")
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler may put into one micro-batch and how many may be in flight."""
+
+    policy: str = "sarathi"
+    """Batching policy: one of sarathi, vllm, orca, request_level, chunked_only."""
+    budget_tokens: int = 512
+    """Tokens per micro-batch. Chunked policies never exceed it; whole-prompt policies exceed it
+    only with a single prompt longer than the budget (that prompt then runs alone)."""
+    tile_tokens: int = 32
+    """Matmul tile size; the budget must be a multiple of it (tile quantization, paper 4.3)."""
+    max_num_seqs: int = 128
+    """Most sequences admitted (holding KV blocks) at once."""
+    max_model_len: int = 4096
+    """Most tokens (prompt plus output) one sequence may reach."""
+    pipeline_depth: int = 1
+    """Micro-batches in flight at most: the number of pipeline stages (PP)."""
+    pipeline_prefill_chunks: bool = True
+    """Let a prompt's next chunk follow its previous chunk in the very next micro-batch, before
+    that chunk has left the pipeline (stages run micro-batches in order). Off: wait for it."""
+    chunk_schedule: tuple[tuple[int, int], ...] = field(default=())
+    """Optional shrinking chunks for sarathi: (computed_tokens_at_least, max_chunk_tokens) pairs,
+    ascending; a prompt that has computed that many tokens gets chunks of at most that size, since
+    attention over a long context makes each later chunk dearer."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError("policy", self.policy, f"one of {', '.join(POLICY_NAMES)}")
+        if not _is_power_of_two(self.tile_tokens):
+            raise ConfigError("tile_tokens", self.tile_tokens, "a power of two >= 1")
+        if self.budget_tokens <= 0 or self.budget_tokens % self.tile_tokens:
+            raise ConfigError(
+                "budget_tokens",
+                self.budget_tokens,
+                f"a positive multiple of tile_tokens={self.tile_tokens}",
+            )
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs", self.max_num_seqs, "at least 1")
+        if self.policy in CHUNKED_POLICIES and self.max_num_seqs > self.budget_tokens:
+            # Every running decode must fit into one micro-batch, or decodes would stall.
+            raise ConfigError(
+                "max_num_seqs",
+                self.max_num_seqs,
+                f"at most budget_tokens={self.budget_tokens} for policy {self.policy}",
+            )
+        if self.max_model_len < 2:
+            raise ConfigError("max_model_len", self.max_model_len, "at least 2")
+        if self.pipeline_depth < 1:
+            raise ConfigError("pipeline_depth", self.pipeline_depth, "at least 1")
+        previous = -1
+        for computed, chunk in self.chunk_schedule:
+            if computed <= previous:
+                raise ConfigError(
+                    "chunk_schedule", self.chunk_schedule, "strictly ascending thresholds"
+                )
+            if chunk <= 0 or chunk % self.tile_tokens:
+                raise ConfigError(
+                    "chunk_schedule",
+                    self.chunk_schedule,
+                    f"chunk sizes positive multiples of tile_tokens={self.tile_tokens}",
+                )
+            previous = computed
+
+    def max_chunk_tokens(self, num_computed_tokens: int) -> int:
+        """Largest chunk a prompt may take next, given how far its prefill has come."""
+        limit = self.budget_tokens
+        for computed, chunk in self.chunk_schedule:
+            if num_computed_tokens < computed:
+                break
+            limit = chunk
+        return limit

@@ -1,0 +1,134 @@
+"""The sequence record: one per request, with num_computed_tokens as its one progress counter."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from controller.scheduler.errors import InvalidRequestError
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV blocks (new, or preempted for recompute)
+    RUNNING = "running"  # admitted: holds KV blocks; may be in flight or paused between steps
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # max_tokens reached
+    STOP = "stop"  # a stop token id (end of sequence) or a stop string
+    ABORT = "abort"  # cancelled by the client or the server
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the last stage picks the next token; validated here so nothing bad gets queued."""
+
+    temperature: float = 0.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus mass in (0, 1]; 1 disables it."""
+    top_k: int = 0
+    """0 disables top-k."""
+    seed: int = 0
+    """Per-request generator seed."""
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:  # also refuses NaN
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequestError("top_k", f"must be >= 0, got {self.top_k}")
+        if not 0 <= self.seed < 2**64:
+            raise InvalidRequestError("seed", f"must be in [0, 2**64), got {self.seed}")
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Per-request limits the scheduler enforces itself."""
+
+    max_tokens: int
+    """Most tokens to generate."""
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    """Generation ends after any of these (the engine adds end-of-sequence unless ignore_eos)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+class Sequence:
+    """One request's state in the scheduler.
+
+    `num_computed_tokens` counts the tokens whose KV is computed or being computed by a micro-batch
+    in flight; it catches up with `num_tokens` (prompt plus output). Prefill, chunked prefill,
+    decode and recompute after preemption are all the same rule: schedule the tokens in between.
+    """
+
+    __slots__ = (
+        "arrival_time",
+        "block_ids",
+        "finish_reason",
+        "first_scheduled_time",
+        "first_token_time",
+        "last_token_time",
+        "needs_worker_state",
+        "num_computed_tokens",
+        "num_inflight_batches",
+        "num_preemptions",
+        "output_token_ids",
+        "params",
+        "prompt_token_ids",
+        "seq_id",
+        "status",
+    )
+
+    def __init__(
+        self, seq_id: int, prompt_token_ids: list[int], params: RequestParams, arrival_time: float
+    ) -> None:
+        self.seq_id = seq_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.arrival_time = arrival_time
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_inflight_batches = 0
+        self.block_ids: list[int] = []
+        # True until the workers have seen this sequence's first chunk (again after a preemption).
+        self.needs_worker_state = True
+        self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Its next work is one token that yields the next one (prompt fully computed)."""
+        return self.num_uncomputed_tokens == 1 and bool(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end) of prompt followed by output."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, computed={self.num_computed_tokens}"
+            f"/{self.num_tokens}, out={len(self.output_token_ids)}/{self.params.max_tokens})"
+        )

@@ -1,0 +1,157 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_ABORT: FinishReason
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "max_tokens", "sampling", "stop", "stop_token_ids", "ignore_eos", "apply_chat_template")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    apply_chat_template: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., apply_chat_template: _Optional[bool] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "ttft_s", "mean_tbt_s", "num_prompt_tokens", "num_output_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TBT_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: FinishReason
+    ttft_s: float
+    mean_tbt_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., ttft_s: _Optional[float] = ..., mean_tbt_s: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StageStatus(_message.Message):
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    BUBBLE_PCT_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_P50_S_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    host: str
+    tp_ranks: _containers.RepeatedScalarFieldContainer[int]
+    utilization_pct: float
+    bubble_pct: float
+    step_time_p50_s: float
+    micro_batches_in_flight: int
+    up: bool
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ...) -> None: ...
+
+class SchedulerStatus(_message.Message):
+    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_PCT_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    budget_tokens: int
+    num_waiting: int
+    num_running: int
+    kv_usage_pct: float
+    num_preemptions: int
+    pipeline_depth: int
+    tensor_parallel: int
+    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ...) -> None: ...
+
+class LatencyStatus(_message.Message):
+    __slots__ = ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s")
+    TTFT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tbt_p50_s: float
+    tbt_p99_s: float
+    def __init__(self, ttft_p50_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tbt_p50_s: _Optional[float] = ..., tbt_p99_s: _Optional[float] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("stages", "scheduler", "latency", "throughput_tokens_per_s", "model", "uptime_s")
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
+    scheduler: SchedulerStatus
+    latency: LatencyStatus
+    throughput_tokens_per_s: float
+    model: str
+    uptime_s: float
+    def __init__(self, stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., scheduler: _Optional[_Union[SchedulerStatus, _Mapping]] = ..., latency: _Optional[_Union[LatencyStatus, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...

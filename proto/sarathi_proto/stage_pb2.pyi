@@ -1,0 +1,153 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerHello(_message.Message):
+    __slots__ = ("worker_id", "host", "stage", "tp_rank", "model", "device")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    stage: int
+    tp_rank: int
+    model: str
+    device: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class WorkerAssignment(_message.Message):
+    __slots__ = ("stage", "tp_rank", "pp", "tp", "dist_init_method", "socket_ifname")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PP_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    DIST_INIT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_IFNAME_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    tp_rank: int
+    pp: int
+    tp: int
+    dist_init_method: str
+    socket_ifname: str
+    def __init__(self, stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp: _Optional[int] = ..., tp: _Optional[int] = ..., dist_init_method: _Optional[str] = ..., socket_ifname: _Optional[str] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class ScheduledSeq(_message.Message):
+    __slots__ = ("seq_id", "first_position", "num_tokens", "yields_token", "new_block_ids", "token_ids", "sampling")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    YIELDS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    first_position: int
+    num_tokens: int
+    yields_token: bool
+    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    def __init__(self, seq_id: _Optional[int] = ..., first_position: _Optional[int] = ..., num_tokens: _Optional[int] = ..., yields_token: _Optional[bool] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+
+class StepPlan(_message.Message):
+    __slots__ = ("batch_id", "seqs", "finished_seq_ids")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSeq]
+    finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SampledToken(_message.Message):
+    __slots__ = ("seq_id", "token_id")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    token_id: int
+    def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("batch_id", "tokens")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
+    def __init__(self, batch_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+
+class WorkerReady(_message.Message):
+    __slots__ = ("num_kv_blocks", "param_bytes")
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    num_kv_blocks: int
+    param_bytes: int
+    def __init__(self, num_kv_blocks: _Optional[int] = ..., param_bytes: _Optional[int] = ...) -> None: ...
+
+class CacheAssignment(_message.Message):
+    __slots__ = ("num_kv_blocks", "block_size")
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    num_kv_blocks: int
+    block_size: int
+    def __init__(self, num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("worker_id", "stage", "tp_rank", "last_batch_id", "step_busy_s", "busy_s_total", "uptime_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    stage: int
+    tp_rank: int
+    last_batch_id: int
+    step_busy_s: float
+    busy_s_total: float
+    uptime_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., step_busy_s: _Optional[float] = ..., busy_s_total: _Optional[float] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("hello", "ready", "result", "heartbeat")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    hello: WorkerHello
+    ready: WorkerReady
+    result: StepResult
+    heartbeat: Heartbeat
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class ControllerMessage(_message.Message):
+    __slots__ = ("assignment", "cache", "plan", "shutdown")
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    assignment: WorkerAssignment
+    cache: CacheAssignment
+    plan: StepPlan
+    shutdown: bool
+    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ...) -> None: ...

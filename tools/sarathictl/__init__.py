@@ -1,0 +1,1 @@
+"""sarathictl: the operator CLI of sarathi-cluster (status, generate, local cluster, benchmarks)."""

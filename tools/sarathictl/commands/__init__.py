@@ -1,0 +1,13 @@
+"""The sarathictl commands. Each module exposes `register(subparsers)`, which adds its parser
+and sets `run=callable(args) -> exit code` as the parser's default."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from sarathictl.commands import bench
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+COMMANDS: list[Register] = [bench.register]
