@@ -13,7 +13,9 @@ PROTO_ROOT = Path(__file__).resolve().parent.parent / "proto"
 def generate(out_dir: Path) -> None:
     """Writes *_pb2.py, *_pb2.pyi and *_pb2_grpc.py for every .proto into out_dir/sarathi_proto."""
     (out_dir / "sarathi_proto").mkdir(parents=True, exist_ok=True)
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / "sarathi_proto").glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / "sarathi_proto").glob("*.proto")
+    )
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",

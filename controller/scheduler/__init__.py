@@ -1,4 +1,4 @@
-"""The Sarathi scheduler core: pure and deterministic (no torch, zmq, grpc, clock or environment)."""
+"""The Sarathi scheduler core: pure and deterministic (no torch, zmq, grpc, clock or env)."""
 
 from controller.scheduler.batch import MicroBatch, ScheduledChunk
 from controller.scheduler.block_manager import BlockManager

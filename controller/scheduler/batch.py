@@ -36,4 +36,3 @@ class MicroBatch(NamedTuple):
     """Sequences finished, aborted or preempted since the previous micro-batch: workers drop
     their state before running this one."""
     num_tokens: int
-

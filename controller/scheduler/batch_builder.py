@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 from controller.scheduler.batch import ScheduledChunk
 from controller.scheduler.sequence import Sequence, SequenceStatus
 
+# Builds a ScheduledChunk from one tuple without NamedTuple's Python-level __new__ (hot path).
+_new_chunk = tuple.__new__
+
 if TYPE_CHECKING:
     from controller.scheduler.scheduler import Scheduler
 
@@ -35,32 +38,51 @@ class BatchBuilder:
     def add_decodes(self, capped: bool) -> int:
         """Adds one token for every running sequence whose next work is a decode and whose last
         token is back; capped: stop at the token budget. Preempts (latest arrival first) when a
-        decode needs a new KV block and none is free. Returns the number added."""
+        decode needs a new KV block and none is free. Returns the number added.
+
+        This loop runs for every decoding sequence on every step, so it is written flat."""
         sched = self._sched
         block_size = sched.block_manager.block_size
         wait_for_batch = not sched.config.pipeline_prefill_chunks
+        limit = self.budget_tokens if capped else 1 << 62
+        num_tokens = self.num_tokens
+        append = self.chunks.append
         added = 0
-        for seq in list(sched.running.values()):
-            num_computed = seq.num_computed_tokens
-            num_output = len(seq.output_token_ids)
-            # Decode-ready: exactly one uncomputed token (the last sampled one).
-            if (
-                num_output == 0
-                or len(seq.prompt_token_ids) + num_output - num_computed != 1
-                or seq.status is not SequenceStatus.RUNNING
-                or (wait_for_batch and seq.num_inflight_batches)
-            ):
+        # A snapshot: preemption removes sequences from `running` while we iterate. A preempted
+        # one has num_computed_tokens 0 and at least 2 tokens, so the first test skips it.
+        for seq in tuple(sched.running.values()):
+            position = seq.num_computed_tokens
+            if seq.num_tokens - position != 1 or not seq.output_token_ids:
+                continue  # prefilling, or its last token is still in the pipeline
+            if wait_for_batch and seq.num_inflight_batches:
                 continue
-            if capped and self.num_tokens >= self.budget_tokens:
+            if num_tokens >= limit:
                 break
             new_block_ids: tuple[int, ...] = ()
-            if num_computed >= len(seq.block_ids) * block_size:
+            if position >= len(seq.block_ids) * block_size:
                 block_id = sched.grow_by_one_block(seq)
                 if block_id is None:
                     continue  # preempted itself, or must wait for an in-flight batch to return
                 new_block_ids = (block_id,)
-            self._add(seq, 1, new_block_ids)
+            append(
+                _new_chunk(
+                    ScheduledChunk,
+                    (
+                        seq.seq_id,
+                        position,
+                        1,
+                        True,
+                        new_block_ids,
+                        [seq.output_token_ids[-1]],
+                        None,  # a decode never starts a sequence on the workers
+                    ),
+                )
+            )
+            seq.num_computed_tokens = position + 1
+            seq.num_inflight_batches += 1
+            num_tokens += 1
             added += 1
+        self.num_tokens = num_tokens
         return added
 
     def add_partial_prefills(self) -> int:

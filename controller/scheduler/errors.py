@@ -1,4 +1,4 @@
-"""Typed errors the scheduler raises; the gRPC layer maps InvalidRequestError to INVALID_ARGUMENT."""
+"""Typed errors of the scheduler; the gRPC layer maps InvalidRequestError to INVALID_ARGUMENT."""
 
 from __future__ import annotations
 

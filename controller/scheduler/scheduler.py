@@ -24,7 +24,9 @@ class Scheduler:
         self.config = config
         self.cache = cache
         self.policy = make_policy(config.policy)
-        self.block_manager = BlockManager(cache.num_blocks, cache.block_size, cache.watermark_blocks)
+        self.block_manager = BlockManager(
+            cache.num_blocks, cache.block_size, cache.watermark_blocks
+        )
         self.waiting: deque[Sequence] = deque()
         # Admitted sequences (holding KV blocks), in admission order.
         self.running: dict[int, Sequence] = {}
@@ -110,21 +112,19 @@ class Scheduler:
             seq.num_inflight_batches -= 1
             if not chunk.yields_token:
                 continue
-            try:
-                token_id = sampled[chunk.seq_id]
-            except KeyError:
+            token_id = sampled.get(chunk.seq_id)
+            if token_id is None:
                 raise ValueError(
                     f"micro-batch {batch_id} returned no token for sequence {chunk.seq_id}"
-                ) from None
-            output = seq.output_token_ids
-            output.append(token_id)
+                )
+            seq.output_token_ids.append(token_id)
+            seq.num_tokens += 1  # Sequence.append_token, inlined on this hot path
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.last_token_time = now
-            params = seq.params
-            if len(output) >= params.max_tokens:
+            if len(seq.output_token_ids) >= seq.max_tokens:
                 self._finish(seq, FinishReason.LENGTH)
-            elif token_id in params.stop_token_ids:
+            elif token_id in seq.stop_token_ids:
                 self._finish(seq, FinishReason.STOP)
             updated.append(seq)
         return updated

@@ -70,15 +70,18 @@ class Sequence:
         "first_scheduled_time",
         "first_token_time",
         "last_token_time",
+        "max_tokens",
         "needs_worker_state",
         "num_computed_tokens",
         "num_inflight_batches",
         "num_preemptions",
+        "num_tokens",
         "output_token_ids",
         "params",
         "prompt_token_ids",
         "seq_id",
         "status",
+        "stop_token_ids",
     )
 
     def __init__(
@@ -88,6 +91,11 @@ class Sequence:
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids: list[int] = []
         self.params = params
+        # Copies of hot fields, read once per step per sequence.
+        self.max_tokens = params.max_tokens
+        self.stop_token_ids = params.stop_token_ids
+        self.num_tokens = len(prompt_token_ids)
+        """Prompt plus output tokens (kept in step with output_token_ids by append_token)."""
         self.arrival_time = arrival_time
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
@@ -102,12 +110,12 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
 
     @property
     def is_decoding(self) -> bool:

@@ -30,7 +30,9 @@ def make_policy(name: str) -> Policy:
     try:
         return _REGISTRY[name]()
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}"
+        ) from None
 
 
 def policy_names() -> list[str]:

@@ -8,8 +8,9 @@ from controller.scheduler.policies.base import Policy, register
 
 @register
 class VllmPolicy(Policy):
-    """Prefill-prioritizing iteration-level batching without mixing (Algorithm 2): whole prompts
-    whenever one can be admitted, which stalls every running decode; decode-only batches otherwise."""
+    """Prefill-prioritizing iteration-level batching without mixing (Algorithm 2): whole
+    prompts whenever one can be admitted, which stalls every running decode; decode-only
+    batches otherwise."""
 
     name = "vllm"
     chunks_prompts = False

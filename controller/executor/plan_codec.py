@@ -1,0 +1,37 @@
+"""MicroBatch <-> protobuf: the only place the scheduler's records meet the wire format."""
+
+from __future__ import annotations
+
+from sarathi_proto import stage_pb2
+
+from controller.scheduler import MicroBatch
+
+
+def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
+    """The StepPlan for one micro-batch. Only stage 0 embeds tokens, so only its plan carries
+    token ids (with_token_ids); later stages receive activations instead."""
+    plan = stage_pb2.StepPlan(batch_id=batch.batch_id, finished_seq_ids=batch.finished_seq_ids)
+    add = plan.seqs.add
+    for chunk in batch.chunks:
+        seq = add(
+            seq_id=chunk.seq_id,
+            first_position=chunk.first_position,
+            num_tokens=chunk.num_tokens,
+            yields_token=chunk.yields_token,
+            new_block_ids=chunk.new_block_ids,
+        )
+        if with_token_ids:
+            seq.token_ids.extend(chunk.token_ids)
+        if chunk.sampling is not None:
+            s = chunk.sampling
+            seq.sampling.CopyFrom(
+                stage_pb2.SamplingParams(
+                    temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed
+                )
+            )
+    return plan
+
+
+def decode_result(result: stage_pb2.StepResult) -> dict[int, int]:
+    """seq_id -> sampled token id, as Scheduler.on_result takes it."""
+    return {t.seq_id: t.token_id for t in result.tokens}
