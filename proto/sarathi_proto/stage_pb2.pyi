@@ -140,14 +140,22 @@ class WorkerMessage(_message.Message):
     heartbeat: Heartbeat
     def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
 
+class Reject(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
 class ControllerMessage(_message.Message):
-    __slots__ = ("assignment", "cache", "plan", "shutdown")
+    __slots__ = ("assignment", "cache", "plan", "shutdown", "reject")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
     assignment: WorkerAssignment
     cache: CacheAssignment
     plan: StepPlan
     shutdown: bool
-    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ...) -> None: ...
+    reject: Reject
+    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,128 @@
+"""Wires one controller together: gRPC API, control plane, pipeline start-up, engine, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import zmq.asyncio
+
+from controller.api_request import RequestLimits
+from controller.config import ControllerConfig
+from controller.engine import Engine, GenerationRequest
+from controller.executor.control_channel import ControlChannel
+from controller.executor.pipeline import PipelineExecutor
+from controller.metrics import ControllerMetrics
+from controller.scheduler import CacheConfig, ConfigError, Scheduler
+from controller.server import GenerationService, mark_serving, start_grpc_server
+from controller.tokenizer import TextStream, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def free_tcp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def read_model_config(model_dir: str) -> dict[str, object]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError("model_dir", model_dir, "a folder with config.json")
+    config: dict[str, object] = json.loads(path.read_text())
+    return config
+
+
+async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
+    """Runs until `stop` is set (or SIGINT/SIGTERM), then shuts the workers down."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    model_config = read_model_config(config.model_dir)
+    vocab_size = int(model_config["vocab_size"])  # type: ignore[call-overload]
+    max_positions = int(model_config.get("max_position_embeddings", 0) or 0)  # type: ignore[call-overload]
+    if max_positions and config.scheduler.max_model_len > max_positions:
+        raise ConfigError(
+            "max_model_len",
+            config.scheduler.max_model_len,
+            f"at most the model's max_position_embeddings={max_positions}",
+        )
+    tokenizer = Tokenizer.from_dir(config.model_dir)
+
+    def make_text_stream(request: GenerationRequest) -> TextStream:
+        return TextStream(tokenizer, request.stop)
+
+    model_name = Path(config.model_dir).name
+
+    service = GenerationService(model_name)
+    server, port, health = await start_grpc_server(service, config.server.host, config.server.port)
+    log.info(
+        "gRPC API listening on %s:%d (not serving until the pipeline is up)",
+        config.server.host,
+        port,
+    )
+    metrics = ControllerMetrics()
+    if config.server.metrics_port:
+        metrics.serve(config.server.metrics_port)
+        log.info("Prometheus metrics on :%d/metrics", config.server.metrics_port)
+
+    ctx = zmq.asyncio.Context()
+    channel = ControlChannel(ctx, config.server.control_addr)
+    dist_port = config.server.dist_port or free_tcp_port(config.server.dist_host)
+    pipeline = PipelineExecutor(
+        channel,
+        config.parallel,
+        model="",  # local mode: every worker was started with this controller's model
+        dist_init_method=f"tcp://{config.server.dist_host}:{dist_port}",
+        socket_ifname=config.server.socket_ifname,
+    )
+    engine_task: asyncio.Task[None] | None = None
+    try:
+        start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if start not in done:
+            start.cancel()
+            return
+        num_blocks = start.result()
+        stopped.cancel()
+        cache = CacheConfig(
+            block_size=config.cache.block_size,
+            num_blocks=num_blocks,
+            watermark=config.cache.watermark,
+        )
+        scheduler = Scheduler(config.scheduler, cache)
+        engine = Engine(scheduler, pipeline, make_text_stream, metrics)
+        await pipeline.begin_serving(num_blocks, cache.block_size, engine.on_result)
+        limits = RequestLimits(
+            vocab_size=vocab_size,
+            default_max_tokens=config.server.default_max_tokens,
+            max_stop_strings=config.server.max_stop_strings,
+            max_stop_string_chars=config.server.max_stop_string_chars,
+            eos_token_ids=frozenset(tokenizer.eos_token_ids),
+        )
+        service.attach(engine, pipeline, limits, tokenizer.encode_prompt)
+        engine_task = asyncio.create_task(engine.run(), name="engine")
+        mark_serving(health)
+        log.info(
+            "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
+            model_name, config.parallel.pp, config.parallel.tp, num_blocks, cache.block_size,
+            config.scheduler.policy, config.scheduler.budget_tokens,
+        )  # fmt: skip
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await server.stop(grace=1.0)
+        await pipeline.shutdown()
+        if engine_task is not None:
+            engine_task.cancel()
+        channel.close()
+        ctx.term()

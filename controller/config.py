@@ -1,0 +1,90 @@
+"""The controller's configuration tree: frozen dataclasses, validated at construction.
+
+Each field has a default and a one-line help; `controller/__main__.py` maps flags onto them and
+the Helm chart's values map onto the flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    pp: int = 1
+    """Pipeline stages (one node each in a cluster)."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage (GPUs per node)."""
+
+    def __post_init__(self) -> None:
+        if self.pp < 1:
+            raise ConfigError("pp", self.pp, "at least 1")
+        if self.tp < 1:
+            raise ConfigError("tp", self.tp, "at least 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.tp
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    """Address the gRPC API binds to (0.0.0.0 in a pod)."""
+    port: int = 50051
+    """gRPC port; 0 picks a free one (printed at start-up)."""
+    metrics_port: int = 0
+    """Prometheus /metrics port; 0 disables the endpoint."""
+    control_addr: str = "tcp://127.0.0.1:0"
+    """ZeroMQ address the workers connect to; port 0 picks a free one."""
+    dist_host: str = "127.0.0.1"
+    """Host of the torch.distributed rendezvous published to the workers."""
+    dist_port: int = 0
+    """Port of the torch.distributed rendezvous; 0 picks a free one."""
+    socket_ifname: str = ""
+    """Network interface for NCCL/gloo sockets (NCCL_SOCKET_IFNAME); empty: the library's choice."""
+    default_max_tokens: int = 256
+    """max_tokens of a request that does not set it."""
+    max_stop_strings: int = 8
+    """Most stop strings one request may carry."""
+    max_stop_string_chars: int = 256
+    """Longest stop string accepted, in characters."""
+    worker_start_timeout_s: float = 300.0
+    """How long to wait for every worker to register and load its weights."""
+
+    def __post_init__(self) -> None:
+        for name in ("port", "metrics_port", "dist_port"):
+            value = getattr(self, name)
+            if not 0 <= value < 65536:
+                raise ConfigError(name, value, "a TCP port in [0, 65535]")
+        if not self.control_addr.startswith(("tcp://", "ipc://")):
+            raise ConfigError("control_addr", self.control_addr, "a tcp:// or ipc:// address")
+        if self.default_max_tokens < 1:
+            raise ConfigError("default_max_tokens", self.default_max_tokens, "at least 1")
+        if self.max_stop_strings < 0:
+            raise ConfigError("max_stop_strings", self.max_stop_strings, "at least 0")
+        if self.worker_start_timeout_s <= 0:
+            raise ConfigError("worker_start_timeout_s", self.worker_start_timeout_s, "positive")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    model_dir: str
+    """Folder with config.json, tokenizer.json and safetensors (the workers load the weights)."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    """block_size is used as is; num_blocks is replaced by the workers' minimum."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ConfigError("model_dir", self.model_dir, "a model folder")
+        if self.scheduler.pipeline_depth != self.parallel.pp:
+            raise ConfigError(
+                "scheduler.pipeline_depth",
+                self.scheduler.pipeline_depth,
+                f"equal to parallel.pp={self.parallel.pp}",
+            )

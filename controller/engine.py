@@ -1,0 +1,226 @@
+"""The engine loop: owns the scheduler and performs every side effect around it.
+
+schedule -> submit to the pipeline -> apply results -> stream tokens. Up to PP micro-batches are in
+flight (the scheduler enforces it); a new one is issued as soon as a slot is free, so stage 0 starts
+the next micro-batch while later stages still work on earlier ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller.metrics import ControllerMetrics
+from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
+from controller.telemetry import LatencyWindow
+
+log = logging.getLogger(__name__)
+
+
+class TextStream(Protocol):
+    """Incremental detokenization of one request, with its stop strings."""
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        """Adds a token; returns text that is safe to send now, and whether a stop string ended
+        the text (the returned text then stops right before it)."""
+        ...
+
+    def finish(self) -> str:
+        """Text held back so far (a partial character or a possible stop-string prefix)."""
+        ...
+
+
+class Submitter(Protocol):
+    async def submit(self, batch: MicroBatch) -> None: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: RequestParams
+    stop: tuple[str, ...] = ()
+    """Stop strings: the text ends right before the first one."""
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One message of a Generate stream."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    ttft_s: float = 0.0
+    mean_tbt_s: float = 0.0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
+class RequestHandle:
+    """What the API layer holds for a running request: its seq id and its event queue."""
+
+    request_id: str
+    seq_id: int
+    arrival_time: float
+    text: TextStream
+    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished: bool = False
+
+
+class Engine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        pipeline: Submitter,
+        make_text_stream: Callable[[GenerationRequest], TextStream],
+        metrics: ControllerMetrics | None = None,
+        latency: LatencyWindow | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler = scheduler
+        self.pipeline = pipeline
+        self.make_text_stream = make_text_stream
+        self.metrics = metrics
+        self.latency = latency or LatencyWindow()
+        self.clock = clock
+        self.started_at = clock()
+        self._handles: dict[int, RequestHandle] = {}
+        self._by_request_id: dict[str, RequestHandle] = {}
+        self._next_seq_id = 1
+        self._wake = asyncio.Event()
+        self.num_steps = 0
+        self.overhead_s = 0.0
+        """Controller time spent scheduling, encoding, sending and applying results."""
+
+    # ---- API side ---------------------------------------------------------------------------
+    def add(self, request: GenerationRequest) -> RequestHandle:
+        """Queues a request; raises InvalidRequestError (nothing queued) for one that can never
+        be served, ValueError for a request id already running."""
+        if request.request_id in self._by_request_id:
+            raise ValueError(f"request_id {request.request_id!r} is already running")
+        now = self.clock()
+        seq_id = self._next_seq_id
+        self.scheduler.add_request(seq_id, request.prompt_token_ids, request.params, now)
+        self._next_seq_id += 1
+        handle = RequestHandle(request.request_id, seq_id, now, self.make_text_stream(request))
+        self._handles[seq_id] = handle
+        self._by_request_id[request.request_id] = handle
+        self._wake.set()
+        return handle
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a request at the next step boundary: work in flight completes on every stage and
+        is ignored, so no stage's work is ever cancelled alone."""
+        handle = self._by_request_id.get(request_id)
+        if handle is None:
+            return False
+        seq = self.scheduler.abort(handle.seq_id, FinishReason.ABORT)
+        if seq is not None:
+            self._finish(handle, seq, "", self.clock())
+        self._wake.set()
+        return True
+
+    # ---- pipeline side ----------------------------------------------------------------------
+    def on_result(self, batch_id: int, sampled: dict[int, int]) -> None:
+        """Applies a micro-batch's sampled tokens and streams them to their requests."""
+        start = time.perf_counter()
+        now = self.clock()
+        for seq in self.scheduler.on_result(batch_id, sampled, now):
+            handle = self._handles.get(seq.seq_id)
+            if handle is None:
+                continue
+            token_id = seq.output_token_ids[-1]
+            self._record_latency(handle, now)
+            text, hit_stop = handle.text.push(token_id)
+            if hit_stop and seq.finish_reason is None:
+                self.scheduler.abort(seq.seq_id, FinishReason.STOP)
+            if seq.finish_reason is not None:
+                self._finish(handle, seq, text, now, token_id, hit_stop)
+            else:
+                handle.events.put_nowait(StreamEvent(text, [token_id]))
+        self.overhead_s += time.perf_counter() - start
+        self._wake.set()
+
+    def _record_latency(self, handle: RequestHandle, now: float) -> None:
+        if handle.first_token_time is None:
+            handle.first_token_time = now
+            self.latency.add_ttft(now, now - handle.arrival_time)
+            if self.metrics:
+                self.metrics.on_first_token(now - handle.arrival_time)
+        else:
+            assert handle.last_token_time is not None
+            self.latency.add_tbt(now, now - handle.last_token_time)
+            if self.metrics:
+                self.metrics.on_token_gap(now - handle.last_token_time)
+        handle.last_token_time = now
+
+    def _finish(
+        self,
+        handle: RequestHandle,
+        seq: Sequence,
+        text: str,
+        now: float,
+        token_id: int | None = None,
+        hit_stop: bool = False,
+    ) -> None:
+        assert seq.finish_reason is not None
+        if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
+            text += handle.text.finish()
+        num_output = len(seq.output_token_ids)
+        ttft = (handle.first_token_time - handle.arrival_time) if handle.first_token_time else 0.0
+        mean_tbt = 0.0
+        if num_output > 1 and handle.first_token_time is not None:
+            assert handle.last_token_time is not None
+            mean_tbt = (handle.last_token_time - handle.first_token_time) / (num_output - 1)
+        handle.events.put_nowait(
+            StreamEvent(
+                text,
+                [] if token_id is None else [token_id],
+                seq.finish_reason,
+                ttft,
+                mean_tbt,
+                len(seq.prompt_token_ids),
+                num_output,
+            )
+        )
+        handle.finished = True
+        del self._handles[handle.seq_id]
+        del self._by_request_id[handle.request_id]
+        if self.metrics:
+            queue_s = (seq.first_scheduled_time or now) - seq.arrival_time
+            self.metrics.on_finished(seq.finish_reason.value, queue_s)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        # Sequences live long and are many: keep them out of the young GC generations.
+        gc.collect()
+        gc.freeze()
+        log.info(
+            "engine running: policy=%s budget=%d pp=%d KV blocks=%d",
+            self.scheduler.config.policy,
+            self.scheduler.config.budget_tokens,
+            self.scheduler.config.pipeline_depth,
+            self.scheduler.block_manager.num_blocks,
+        )
+        while True:
+            self._wake.clear()
+            start = time.perf_counter()
+            while (batch := self.scheduler.schedule(self.clock())) is not None:
+                await self.pipeline.submit(batch)
+                self.num_steps += 1
+            self.overhead_s += time.perf_counter() - start
+            if self.metrics:
+                self.metrics.on_scheduler_state(self.scheduler)
+            await self._wake.wait()
+
+    @property
+    def num_active_requests(self) -> int:
+        return len(self._handles)

@@ -1,0 +1,173 @@
+"""The public gRPC API (grpc.aio): Generate, Abort, Status, plus standard health and reflection."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sarathi_proto import generate_pb2, generate_pb2_grpc
+
+from controller.api_request import RequestLimits, to_generation_request
+from controller.engine import Engine
+from controller.scheduler import FinishReason, InvalidRequestError
+from controller.telemetry import percentile
+
+if TYPE_CHECKING:
+    from controller.executor.pipeline import PipelineExecutor
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+_FINISH = {
+    FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
+    FinishReason.ABORT: generate_pb2.FINISH_REASON_ABORT,
+}
+
+
+class GenerationService(generate_pb2_grpc.GenerationServicer):
+    """Serves the API; until the pipeline is up, Generate answers UNAVAILABLE."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.engine: Engine | None = None
+        self.pipeline: PipelineExecutor | None = None
+        self.limits: RequestLimits | None = None
+        self.encode: Callable[[str, bool], list[int]] | None = None
+        self.started_at = time.monotonic()
+
+    def attach(
+        self,
+        engine: Engine,
+        pipeline: PipelineExecutor,
+        limits: RequestLimits,
+        encode: Callable[[str, bool], list[int]],
+    ) -> None:
+        self.engine, self.pipeline, self.limits, self.encode = engine, pipeline, limits, encode
+
+    async def Generate(
+        self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        engine = self.engine
+        if engine is None or self.limits is None or self.encode is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the pipeline is not ready yet")
+            return
+        try:
+            handle = engine.add(to_generation_request(request, self.limits, self.encode))
+        except InvalidRequestError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            return
+        except ValueError as err:  # a request id that is already running
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
+            return
+        try:
+            while True:
+                event = await handle.events.get()
+                response = generate_pb2.GenerateResponse(
+                    request_id=handle.request_id, text=event.text, token_ids=event.token_ids
+                )
+                if event.finish_reason is not None:
+                    response.finish_reason = _FINISH[event.finish_reason]
+                    response.ttft_s = event.ttft_s
+                    response.mean_tbt_s = event.mean_tbt_s
+                    response.num_prompt_tokens = event.num_prompt_tokens
+                    response.num_output_tokens = event.num_output_tokens
+                    yield response
+                    return
+                yield response
+        finally:
+            # A cancelled call or a passed deadline lands here: free the sequence everywhere.
+            if not handle.finished:
+                engine.abort(handle.request_id)
+
+    async def Abort(
+        self, request: generate_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> generate_pb2.AbortResponse:
+        found = self.engine is not None and self.engine.abort(request.request_id)
+        return generate_pb2.AbortResponse(found=found)
+
+    async def Status(
+        self, request: generate_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> generate_pb2.StatusResponse:
+        return build_status(self)
+
+
+def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
+    now = time.monotonic()
+    status = generate_pb2.StatusResponse(
+        model=service.model_name, uptime_s=now - service.started_at
+    )
+    engine, pipeline = service.engine, service.pipeline
+    if engine is None or pipeline is None:
+        return status
+    sched = engine.scheduler
+    status.scheduler.CopyFrom(
+        generate_pb2.SchedulerStatus(
+            policy=sched.config.policy,
+            budget_tokens=sched.config.budget_tokens,
+            num_waiting=sched.num_waiting,
+            num_running=sched.num_running,
+            kv_usage_pct=100.0 * sched.kv_usage,
+            num_preemptions=sched.num_preemptions,
+            pipeline_depth=pipeline.parallel.pp,
+            tensor_parallel=pipeline.parallel.tp,
+        )
+    )
+    ratios = []
+    for stage in pipeline.stages:
+        utilization = stage.utilization(now, since=pipeline.started_at)
+        ratios.append(utilization)
+        status.stages.add(
+            stage=stage.stage,
+            host=stage.host,
+            tp_ranks=sorted(stage.tp_ranks),
+            utilization_pct=100.0 * utilization,
+            bubble_pct=100.0 * (1.0 - utilization),
+            step_time_p50_s=stage.step_time_p50_s(),
+            micro_batches_in_flight=pipeline.inflight_on_stage(stage.stage),
+            up=True,
+        )
+    if engine.metrics:
+        engine.metrics.on_stage_utilization(ratios)
+    ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)
+    status.latency.CopyFrom(
+        generate_pb2.LatencyStatus(
+            ttft_p50_s=percentile(ttft, 0.5),
+            ttft_p99_s=percentile(ttft, 0.99),
+            tbt_p50_s=percentile(tbt, 0.5),
+            tbt_p99_s=percentile(tbt, 0.99),
+        )
+    )
+    status.throughput_tokens_per_s = engine.latency.tokens_per_s(now, since=pipeline.started_at)
+    return status
+
+
+async def start_grpc_server(
+    service: GenerationService, host: str, port: int
+) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+    """Starts serving; health reports NOT_SERVING until mark_serving. Returns the bound port."""
+    server = grpc.aio.server()
+    generate_pb2_grpc.add_GenerationServicer_to_server(service, server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC API to {host}:{port}")
+    await server.start()
+    return server, bound, health_servicer
+
+
+def mark_serving(health_servicer: health.HealthServicer) -> None:
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,90 @@
+"""Per-stage utilization from the workers' own busy time, and per-request latency windows."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of already sorted values by nearest rank; 0.0 when empty."""
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, int(q * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+@dataclass
+class StageTelemetry:
+    """One stage, as its TP rank 0 reports it in heartbeats (ranks of a stage move together)."""
+
+    stage: int
+    window_s: float = 30.0
+    host: str = ""
+    tp_ranks: set[int] = field(default_factory=set)
+    last_batch_id: int = 0
+    last_heartbeat_time: float = 0.0
+    busy_s_total: float = 0.0
+    # (time of report, busy seconds of that step)
+    _steps: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def on_heartbeat(
+        self, now: float, last_batch_id: int, step_busy_s: float, total: float
+    ) -> None:
+        self.last_heartbeat_time = now
+        if last_batch_id > self.last_batch_id:
+            self.last_batch_id = last_batch_id
+            self._steps.append((now, step_busy_s))
+        self.busy_s_total = total
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._steps and self._steps[0][0] < now - self.window_s:
+            self._steps.popleft()
+
+    def utilization(self, now: float, since: float) -> float:
+        """Busy share of the window (or of the time since `since`, if shorter), in [0, 1]."""
+        self._trim(now)
+        span = min(self.window_s, now - since)
+        if span <= 0:
+            return 0.0
+        return min(1.0, sum(busy for _, busy in self._steps) / span)
+
+    def step_time_p50_s(self) -> float:
+        return percentile(sorted(busy for _, busy in self._steps), 0.5)
+
+
+class LatencyWindow:
+    """Recent TTFT and TBT samples with their times, for status percentiles."""
+
+    def __init__(self, window_s: float = 60.0, max_samples: int = 100_000) -> None:
+        self.window_s = window_s
+        self._ttft: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self._tbt: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self._tokens: deque[float] = deque(maxlen=max_samples)
+
+    def add_ttft(self, now: float, ttft_s: float) -> None:
+        self._ttft.append((now, ttft_s))
+        self._tokens.append(now)
+
+    def add_tbt(self, now: float, tbt_s: float) -> None:
+        self._tbt.append((now, tbt_s))
+        self._tokens.append(now)
+
+    def _recent(self, samples: deque[tuple[float, float]], now: float) -> list[float]:
+        cutoff = now - self.window_s
+        return sorted(v for t, v in samples if t >= cutoff)
+
+    def ttft(self, now: float) -> list[float]:
+        return self._recent(self._ttft, now)
+
+    def tbt(self, now: float) -> list[float]:
+        return self._recent(self._tbt, now)
+
+    def tokens_per_s(self, now: float, since: float) -> float:
+        cutoff = now - self.window_s
+        times = list(self._tokens)
+        count = len(times) - bisect.bisect_left(times, cutoff)
+        span = min(self.window_s, now - since)
+        return count / span if span > 0 else 0.0

@@ -1,0 +1,83 @@
+"""`sarathictl generate "prompt"`: streams one answer from a running cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import grpc
+from sarathi_proto import generate_pb2
+
+from sarathictl.client import DEFAULT_ADDR, FINISH_NAMES, Client, explain_rpc_error
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("generate", help="stream a completion from a running cluster")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--ignore-eos", action="store_true", help="generate past end-of-sequence")
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object at the end")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sampling = generate_pb2.SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
+    )
+    if args.seed is not None:
+        sampling.seed = args.seed
+    request = generate_pb2.GenerateRequest(
+        prompt=args.prompt,
+        max_tokens=args.max_tokens,
+        sampling=sampling,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+        apply_chat_template=args.chat,
+    )
+    text, token_ids = [], []
+    last = None
+    with Client(args.addr) as client:
+        try:
+            for response in client.generate(request, timeout_s=args.timeout):
+                text.append(response.text)
+                token_ids.extend(response.token_ids)
+                if not args.json:
+                    sys.stdout.write(response.text)
+                    sys.stdout.flush()
+                last = response
+        except grpc.RpcError as err:
+            print(f"\nsarathictl: {explain_rpc_error(err, args.addr)}", file=sys.stderr)
+            return 1
+    assert last is not None
+    reason = FINISH_NAMES.get(last.finish_reason, "unknown")
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "request_id": last.request_id,
+                    "text": "".join(text),
+                    "token_ids": token_ids,
+                    "finish_reason": reason,
+                    "ttft_s": last.ttft_s,
+                    "mean_tbt_s": last.mean_tbt_s,
+                    "num_prompt_tokens": last.num_prompt_tokens,
+                    "num_output_tokens": last.num_output_tokens,
+                }
+            )
+        )
+    else:
+        print(
+            f"\n[{reason}: {last.num_output_tokens} tokens, TTFT {last.ttft_s * 1e3:.0f} ms, "
+            f"mean TBT {last.mean_tbt_s * 1e3:.1f} ms]",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,87 @@
+"""`sarathictl status`: per-stage utilization, scheduler state, latency and throughput."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from sarathi_proto import generate_pb2
+
+from sarathictl.client import DEFAULT_ADDR, Client, explain_rpc_error
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="show each stage's utilization and the scheduler's state")
+    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument("--interval", type=float, default=1.0, help="refresh period with --watch (s)")
+    p.set_defaults(run=run)
+
+
+def render(status: generate_pb2.StatusResponse) -> Group:
+    stages = Table(title=f"{status.model}: pipeline stages", title_justify="left")
+    for column in ("stage", "host", "TP ranks", "util %", "bubble %", "step P50 ms", "in flight"):
+        stages.add_column(column, justify="right" if column not in ("host",) else "left")
+    for s in status.stages:
+        stages.add_row(
+            str(s.stage),
+            s.host or "-",
+            ",".join(str(r) for r in s.tp_ranks) or "-",
+            f"{s.utilization_pct:.1f}",
+            f"{s.bubble_pct:.1f}",
+            f"{s.step_time_p50_s * 1e3:.1f}",
+            str(s.micro_batches_in_flight),
+        )
+    sc = status.scheduler
+    sched = Table(title="scheduler", title_justify="left")
+    for column in ("policy", "budget", "PPxTP", "waiting", "running", "KV %", "preemptions"):
+        sched.add_column(column, justify="right")
+    sched.add_row(
+        sc.policy or "-",
+        str(sc.budget_tokens),
+        f"{sc.pipeline_depth}x{sc.tensor_parallel}",
+        str(sc.num_waiting),
+        str(sc.num_running),
+        f"{sc.kv_usage_pct:.1f}",
+        str(sc.num_preemptions),
+    )
+    lat = status.latency
+    latency = Table(title="latency (recent window) and throughput", title_justify="left")
+    for column in ("TTFT P50 ms", "TTFT P99 ms", "TBT P50 ms", "TBT P99 ms", "tokens/s"):
+        latency.add_column(column, justify="right")
+    latency.add_row(
+        f"{lat.ttft_p50_s * 1e3:.1f}",
+        f"{lat.ttft_p99_s * 1e3:.1f}",
+        f"{lat.tbt_p50_s * 1e3:.1f}",
+        f"{lat.tbt_p99_s * 1e3:.1f}",
+        f"{status.throughput_tokens_per_s:.1f}",
+    )
+    return Group(stages, sched, latency)
+
+
+def run(args: argparse.Namespace) -> int:
+    with Client(args.addr) as client:
+        try:
+            if args.json:
+                status = client.status()
+                print(json.dumps(MessageToDict(status, always_print_fields_with_no_presence=True)))
+                return 0
+            console = Console()
+            if not args.watch:
+                console.print(render(client.status()))
+                return 0
+            with Live(render(client.status()), console=console, auto_refresh=False) as live:
+                while True:
+                    time.sleep(args.interval)
+                    live.update(render(client.status()), refresh=True)
+        except grpc.RpcError as err:
+            print(f"sarathictl: {explain_rpc_error(err, args.addr)}", file=sys.stderr)
+            return 1

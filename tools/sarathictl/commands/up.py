@@ -1,0 +1,79 @@
+"""`sarathictl up --local`: a controller and its PP x TP stage workers as processes here."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+
+def resolve_model(model: str) -> str:
+    """`demo` means the demo model, prepared (once, cached) if missing."""
+    if model != "demo":
+        return model
+    from sarathictl.model_prep.prepare import PrepareOptions, prepare_model
+
+    return str(prepare_model(PrepareOptions()).model_dir)
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
+    p.add_argument("--policy", default="sarathi", help="batching policy")
+    p.add_argument("--budget", type=int, default=512, help="token budget per micro-batch")
+    p.add_argument("--dtype", default="float32", help="worker dtype (float32, bfloat16)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
+    p.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache per worker, MiB")
+    p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
+
+
+def cluster_config(args: argparse.Namespace, port: int) -> LocalClusterConfig:
+    return LocalClusterConfig(
+        model_dir=resolve_model(args.model),
+        pp=args.pp,
+        tp=args.tp,
+        policy=args.policy,
+        budget_tokens=args.budget,
+        port=port,
+        dtype=args.dtype,
+        threads_per_worker=args.threads,
+        kv_cache_bytes=args.kv_cache_mb << 20,
+        log_dir=args.log_dir,
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("up", help="start a cluster (local mode: processes on this machine)")
+    p.add_argument("--local", action="store_true", required=True, help="local mode (required)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port of the controller")
+    add_cluster_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = LocalCluster(cluster_config(args, args.port))
+    print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
+    try:
+        cluster.start()
+        print(
+            f"serving on {cluster.addr} (logs in {cluster.log_dir}); Ctrl-C stops everything\n"
+            f'  sarathictl generate --addr {cluster.addr} "Hello"\n'
+            f"  sarathictl status --addr {cluster.addr}",
+            file=sys.stderr,
+        )
+        while not stop.wait(0.5):
+            cluster.check_alive()
+    except RuntimeError as err:  # a child died
+        print(f"sarathictl: {err}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        print("stopped: no process left behind", file=sys.stderr)
+    return 0

@@ -1,0 +1,200 @@
+"""A controller and PP x TP stage workers as processes on this machine (local mode).
+
+Used by `sarathictl up --local`, `make demo`, the local benchmarks and the integration tests. Every
+child gets SIGTERM if this process dies (PR_SET_PDEATHSIG), and `stop()` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM when the parent goes away, even by SIGKILL."""
+    with contextlib.suppress(OSError):  # not Linux: children then rely on stop()
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class LocalClusterConfig:
+    model_dir: str
+    """Model folder (config.json, safetensors, tokenizer.json)."""
+    pp: int = 2
+    """Pipeline stages, one process each per TP rank."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage."""
+    policy: str = "sarathi"
+    """Batching policy."""
+    budget_tokens: int = 512
+    """Token budget per micro-batch."""
+    port: int = 50051
+    """gRPC port of the controller; 0 picks a free one."""
+    dtype: str = "float32"
+    """Weights and activations on the workers."""
+    threads_per_worker: int = 1
+    """torch threads per worker process (processes share this machine's cores)."""
+    kv_cache_bytes: int = 256 << 20
+    """KV-cache memory per worker."""
+    max_model_len: int = 0
+    """Most tokens per sequence; 0: the model's max_position_embeddings."""
+    max_num_seqs: int = 128
+    """Most running sequences."""
+    log_dir: str = ""
+    """Where the children's logs go; empty: a folder under the system temp dir."""
+    extra_controller_args: tuple[str, ...] = ()
+    """More flags for `python -m controller`."""
+    extra_worker_args: tuple[str, ...] = ()
+    """More flags for every `python -m stage_worker`."""
+
+    def __post_init__(self) -> None:
+        if self.pp < 1 or self.tp < 1:
+            raise ValueError(f"pp and tp must be at least 1, got pp={self.pp} tp={self.tp}")
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise ValueError(f"model_dir={self.model_dir!r} has no config.json")
+
+
+@dataclass
+class LocalCluster:
+    config: LocalClusterConfig
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    port: int = 0
+    log_dir: Path = field(default_factory=Path)
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        cfg = self.config
+        self.port = cfg.port or free_port()
+        control = f"tcp://127.0.0.1:{free_port()}"
+        self.log_dir = Path(cfg.log_dir or _temp_log_dir())
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_worker), PYTHONUNBUFFERED="1")
+        self._spawn(
+            "controller",
+            [
+                "-m", "controller", "--model", cfg.model_dir, "--pp", str(cfg.pp),
+                "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
+                "--port", str(self.port), "--control-addr", control,
+                *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
+                "--max-num-seqs", str(cfg.max_num_seqs),
+                *cfg.extra_controller_args,
+            ],
+            env,
+        )  # fmt: skip
+        for stage in range(cfg.pp):
+            for rank in range(cfg.tp):
+                self._spawn(
+                    f"stage{stage}-rank{rank}",
+                    [
+                        "-m", "stage_worker", "--controller", control, "--model", cfg.model_dir,
+                        "--stage", str(stage), "--tp-rank", str(rank), "--dtype", cfg.dtype,
+                        "--num-threads", str(cfg.threads_per_worker),
+                        "--kv-cache-bytes", str(cfg.kv_cache_bytes),
+                        *cfg.extra_worker_args,
+                    ],
+                    env,
+                )  # fmt: skip
+        try:
+            self._wait_serving(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        log_file = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child)
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        log_file.close()
+        self.procs.append((name, proc))
+
+    def _wait_serving(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.addr) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                self.check_alive()
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise TimeoutError(
+            f"the local cluster did not start serving within {timeout_s:.0f} s; "
+            f"logs: {self.log_dir}"
+        )
+
+    def check_alive(self) -> None:
+        """Raises RuntimeError naming the first child that exited, with the end of its log."""
+        for name, proc in self.procs:
+            code = proc.poll()
+            if code is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with code {code}; its log ends:\n{tail}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to every child (controller first: it tells the workers to exit), then
+        SIGKILL whatever is left after grace_s."""
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not exit within %.0f s: killing it", name, grace_s)
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _temp_log_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="sarathi-local-")
