@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from controller.app import read_model_config, serve
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
+from controller.scheduler.config import CHUNKED_POLICIES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
     p.add_argument("--budget", type=int, default=512, help="token budget per micro-batch")
     p.add_argument("--tile", type=int, default=32, help="tile size the budget is a multiple of")
-    p.add_argument("--max-num-seqs", type=int, default=128, help="most running sequences")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="most running sequences (default: 128, at most the budget for chunked policies)",
+    )
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -55,13 +61,16 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     if max_model_len is None:
         positions = read_model_config(args.model).get("max_position_embeddings")
         max_model_len = int(positions) if isinstance(positions, int) else 2048
+    max_num_seqs = args.max_num_seqs
+    if max_num_seqs is None:
+        max_num_seqs = min(128, args.budget) if args.policy in CHUNKED_POLICIES else 128
     return ControllerConfig(
         model_dir=args.model,
         scheduler=SchedulerConfig(
             policy=args.policy,
             budget_tokens=args.budget,
             tile_tokens=args.tile,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             pipeline_depth=args.pp,
             pipeline_prefill_chunks=not args.no_chunk_pipelining,

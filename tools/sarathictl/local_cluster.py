@@ -62,8 +62,8 @@ class LocalClusterConfig:
     """KV-cache memory per worker."""
     max_model_len: int = 0
     """Most tokens per sequence; 0: the model's max_position_embeddings."""
-    max_num_seqs: int = 128
-    """Most running sequences."""
+    max_num_seqs: int = 0
+    """Most running sequences; 0: the controller's default."""
     log_dir: str = ""
     """Where the children's logs go; empty: a folder under the system temp dir."""
     extra_controller_args: tuple[str, ...] = ()
@@ -103,7 +103,7 @@ class LocalCluster:
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
                 "--port", str(self.port), "--control-addr", control,
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
-                "--max-num-seqs", str(cfg.max_num_seqs),
+                *(["--max-num-seqs", str(cfg.max_num_seqs)] if cfg.max_num_seqs else []),
                 *cfg.extra_controller_args,
             ],
             env,

@@ -1,0 +1,236 @@
+"""`sarathictl up --local --pp 2 --tp 2` on a tiny random model, checked over gRPC.
+
+One cluster for the module (5 processes on a 2-core machine take a while to start); each test
+asserts what a client of the API would notice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sarathi_proto import generate_pb2, generate_pb2_grpc
+
+from tests.integration.cluster_factories import make_tiny_served_model, oracle_greedy
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class RunningCluster:
+    proc: subprocess.Popen[bytes]
+    addr: str
+    model_dir: Path
+    channel: grpc.Channel
+
+    @property
+    def stub(self) -> generate_pb2_grpc.GenerationStub:
+        return generate_pb2_grpc.GenerationStub(self.channel)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _processes_using(marker: str) -> list[int]:
+    """PIDs whose command line mentions marker (the test's unique model folder)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
+    port = _free_port()
+    log_dir = tmp_path_factory.mktemp("logs")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", "2", "--tp", "2",
+            "--model", str(model_dir), "--port", str(port), "--budget", "64",
+            "--kv-cache-mb", "16", "--log-dir", str(log_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    addr = f"127.0.0.1:{port}"
+    channel = grpc.insecure_channel(addr)
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + 240
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"sarathictl up exited early:\n{proc.stdout.read().decode()}")  # type: ignore[union-attr]
+        try:
+            if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                break
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, "cluster did not become healthy"
+        time.sleep(0.5)
+    yield RunningCluster(proc, addr, model_dir, channel)
+    channel.close()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def generate(cluster: RunningCluster, **fields: object) -> list[generate_pb2.GenerateResponse]:
+    return list(cluster.stub.Generate(generate_pb2.GenerateRequest(**fields), timeout=120))
+
+
+PROMPTS = [[5, 17, 33, 80, 101, 7, 9], list(range(40, 140)), [250, 3, 3, 3], list(range(1, 70))]
+
+
+def test_outputs_equal_the_transformers_oracle_with_requests_in_flight(
+    cluster: RunningCluster,
+) -> None:
+    max_tokens = 12
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [
+            pool.submit(
+                generate, cluster, prompt_token_ids=p, max_tokens=max_tokens, ignore_eos=True
+            )
+            for p in PROMPTS
+        ]
+        streams = [f.result() for f in futures]
+    for prompt, stream in zip(PROMPTS, streams, strict=True):
+        tokens = [t for r in stream for t in r.token_ids]
+        assert tokens == oracle_greedy(cluster.model_dir, prompt, max_tokens)
+        assert stream[-1].finish_reason == generate_pb2.FINISH_REASON_LENGTH
+        assert stream[-1].num_output_tokens == max_tokens
+        assert stream[-1].num_prompt_tokens == len(prompt)
+        assert stream[-1].ttft_s > 0
+
+
+def test_streamed_text_equals_the_decoded_tokens(cluster: RunningCluster) -> None:
+    from controller.tokenizer import Tokenizer
+
+    stream = generate(cluster, prompt="The capital of France", max_tokens=16, ignore_eos=True)
+    tokens = [t for r in stream for t in r.token_ids]
+    assert len(stream) >= 2  # streamed, not one message at the end
+    assert "".join(r.text for r in stream) == Tokenizer.from_dir(cluster.model_dir).decode(tokens)
+
+
+def test_stop_string_ends_the_text_right_before_it(cluster: RunningCluster) -> None:
+    free = generate(cluster, prompt="Chunked prefills", max_tokens=24, ignore_eos=True)
+    text = "".join(r.text for r in free)
+    stop = text[5:7]
+    assert stop  # the tiny model produced some text to cut
+    stopped = generate(
+        cluster, prompt="Chunked prefills", max_tokens=24, ignore_eos=True, stop=[stop]
+    )
+    assert "".join(r.text for r in stopped) == text[: text.index(stop)]
+    assert stopped[-1].finish_reason == generate_pb2.FINISH_REASON_STOP
+
+
+@pytest.mark.parametrize(
+    ("fields", "field_name"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt_token_ids": [1] * 1000, "max_tokens": 100}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 5000}, "max_tokens"),
+        ({"prompt": "hi", "sampling": generate_pb2.SamplingParams(temperature=-1)}, "temperature"),
+        ({"prompt": "hi", "sampling": generate_pb2.SamplingParams(top_p=1.5)}, "top_p"),
+        ({"prompt": "hi", "sampling": generate_pb2.SamplingParams(top_k=-2)}, "top_k"),
+        ({"prompt": "hi", "stop": [f"s{i}" for i in range(20)]}, "stop"),
+        ({"prompt_token_ids": [1, 99999]}, "prompt_token_ids"),
+    ],
+)
+def test_bad_requests_end_with_invalid_argument_naming_the_field(
+    cluster: RunningCluster, fields: dict[str, object], field_name: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        generate(cluster, **fields)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field_name in err.value.details()
+    status = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5)
+    assert status.scheduler.num_waiting == 0  # nothing was queued
+
+
+def test_cancelled_stream_frees_its_kv_blocks(cluster: RunningCluster) -> None:
+    call = cluster.stub.Generate(
+        generate_pb2.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=400, ignore_eos=True)
+    )
+    next(call)  # the sequence holds KV blocks now
+    running = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5).scheduler
+    assert running.kv_usage_pct > 0
+    call.cancel()
+    deadline = time.monotonic() + 10
+    while True:
+        sched = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5).scheduler
+        if sched.kv_usage_pct == 0 and sched.num_running == 0:
+            break
+        assert time.monotonic() < deadline, f"blocks still held: {sched}"
+        time.sleep(0.05)
+
+
+def test_status_shows_every_stage_with_its_ranks(cluster: RunningCluster) -> None:
+    status = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5)
+    assert [s.stage for s in status.stages] == [0, 1]
+    assert all(list(s.tp_ranks) == [0, 1] for s in status.stages)
+    assert status.scheduler.policy == "sarathi" and status.scheduler.pipeline_depth == 2
+    assert status.scheduler.tensor_parallel == 2
+    assert all(s.step_time_p50_s > 0 for s in status.stages)  # earlier tests ran steps
+
+
+def test_status_command_prints_a_table_and_json(cluster: RunningCluster) -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-m", "sarathictl.cli", "status", "--addr", cluster.addr, "--json"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert [s["stage"] for s in json.loads(out)["stages"]] == [0, 1]
+    table = subprocess.run(
+        [sys.executable, "-m", "sarathictl.cli", "status", "--addr", cluster.addr],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout.decode()
+    assert "pipeline stages" in table and "sarathi" in table
+
+
+def test_reflection_lists_the_generation_service(cluster: RunningCluster) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    stub = reflection_pb2_grpc.ServerReflectionStub(cluster.channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
+    names = {s.name for s in reply.list_services_response.service}
+    assert "sarathi.v1.Generation" in names and "grpc.health.v1.Health" in names
+
+
+def test_zz_sigterm_stops_every_process(cluster: RunningCluster) -> None:
+    # Runs last in this module (name order): the shutdown a user gets from Ctrl-C or SIGTERM.
+    assert len(_processes_using(str(cluster.model_dir))) >= 6  # up, controller, 4 workers
+    cluster.proc.send_signal(signal.SIGTERM)
+    assert cluster.proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10
+    while _processes_using(str(cluster.model_dir)):
+        assert time.monotonic() < deadline, "processes left behind"
+        time.sleep(0.2)
