@@ -59,6 +59,7 @@ class StreamEvent:
     mean_tbt_s: float = 0.0
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    scheduling_delay_s: float = 0.0
 
 
 @dataclass
@@ -189,6 +190,7 @@ class Engine:
                 mean_tbt,
                 len(seq.prompt_token_ids),
                 num_output,
+                (seq.first_scheduled_time or now) - seq.arrival_time,
             )
         )
         handle.finished = True

@@ -78,6 +78,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                     response.mean_tbt_s = event.mean_tbt_s
                     response.num_prompt_tokens = event.num_prompt_tokens
                     response.num_output_tokens = event.num_output_tokens
+                    response.scheduling_delay_s = event.scheduling_delay_s
                     yield response
                     return
                 yield response
@@ -132,6 +133,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             step_time_p50_s=stage.step_time_p50_s(),
             micro_batches_in_flight=pipeline.inflight_on_stage(stage.stage),
             up=True,
+            busy_s_total=stage.busy_s_total,
         )
     if engine.metrics:
         engine.metrics.on_stage_utilization(ratios)

@@ -53,7 +53,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., apply_chat_template: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "ttft_s", "mean_tbt_s", "num_prompt_tokens", "num_output_tokens")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "ttft_s", "mean_tbt_s", "num_prompt_tokens", "num_output_tokens", "scheduling_delay_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class GenerateResponse(_message.Message):
     MEAN_TBT_S_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -70,7 +71,8 @@ class GenerateResponse(_message.Message):
     mean_tbt_s: float
     num_prompt_tokens: int
     num_output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., ttft_s: _Optional[float] = ..., mean_tbt_s: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ...) -> None: ...
+    scheduling_delay_s: float
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., ttft_s: _Optional[float] = ..., mean_tbt_s: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_output_tokens: _Optional[int] = ..., scheduling_delay_s: _Optional[float] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -89,7 +91,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up")
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TP_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,7 @@ class StageStatus(_message.Message):
     STEP_TIME_P50_S_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     UP_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
     stage: int
     host: str
     tp_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -106,7 +109,8 @@ class StageStatus(_message.Message):
     step_time_p50_s: float
     micro_batches_in_flight: int
     up: bool
-    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ...) -> None: ...
+    busy_s_total: float
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
     __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel")

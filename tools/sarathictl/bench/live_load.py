@@ -1,0 +1,144 @@
+"""Load against a live cluster: replays a workload over gRPC with its arrival times.
+
+Every request uses `ignore_eos` with `max_tokens` = the trace's output length, so the output
+length does not depend on the weights. Token times are taken where a user sees them (on the
+client); the scheduling delay comes from the server's last message; stage utilization from the
+stages' own busy seconds (Status before and after the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from sarathi_proto import generate_pb2, generate_pb2_grpc
+
+from controller.executor.simulated import SimRequest
+from sarathictl.bench.metrics import ServingMetrics
+
+# Random prompt ids are drawn below this so that any model's vocabulary holds them.
+PROMPT_ID_LIMIT = 200
+
+
+@dataclass
+class LiveRecord:
+    arrival_s: float
+    first_token_s: float = float("nan")
+    finish_s: float = float("nan")
+    scheduling_delay_s: float = float("nan")
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    gaps_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class LiveRun:
+    records: list[LiveRecord]
+    start_s: float
+    end_s: float
+    stage_busy_s: list[float]
+    num_preemptions: int
+
+    @property
+    def num_errors(self) -> int:
+        return sum(1 for r in self.records if r.error)
+
+    def metrics(self) -> ServingMetrics:
+        ok = [r for r in self.records if not r.error]
+        arrival = np.array([r.arrival_s for r in ok])
+        ttft = np.array([r.first_token_s for r in ok]) - arrival
+        delay = np.array([r.scheduling_delay_s for r in ok])
+        gaps = np.array([g for r in ok for g in r.gaps_s])
+        duration = max(self.end_s - self.start_s, 1e-9)
+        utilization = tuple(min(1.0, busy / duration) for busy in self.stage_busy_s)
+        tokens = sum(r.num_prompt_tokens + r.num_output_tokens for r in ok)
+
+        def pct(values: np.ndarray, q: float) -> float:
+            return float(np.percentile(values, q)) if values.size else float("nan")
+
+        return ServingMetrics(
+            num_requests=len(ok),
+            ttft_p50_s=pct(ttft, 50),
+            ttft_p90_s=pct(ttft, 90),
+            ttft_p99_s=pct(ttft, 99),
+            tbt_p50_s=pct(gaps, 50),
+            tbt_p99_s=pct(gaps, 99),
+            scheduling_delay_p50_s=pct(delay, 50),
+            scheduling_delay_p99_s=pct(delay, 99),
+            throughput_rps=len(ok) / duration,
+            throughput_tokens_s=tokens / duration,
+            stage_utilization=utilization,
+            bubble_fraction=1.0 - float(np.mean(utilization)) if utilization else 0.0,
+            duration_s=duration,
+            num_preemptions=self.num_preemptions,
+            stopped_early=bool(self.num_errors),
+        )
+
+
+async def _status(stub: generate_pb2_grpc.GenerationStub) -> generate_pb2.StatusResponse:
+    response: generate_pb2.StatusResponse = await stub.Status(
+        generate_pb2.StatusRequest(), timeout=10
+    )
+    return response
+
+
+async def replay(
+    addr: str, requests: list[SimRequest], seed: int = 0, timeout_s: float = 600.0
+) -> LiveRun:
+    """Sends every request at its arrival time (seconds from the start) and waits for all."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, PROMPT_ID_LIMIT, r.num_prompt_tokens).tolist() for r in requests]
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = generate_pb2_grpc.GenerationStub(channel)
+        before = await _status(stub)
+        clock = time.perf_counter
+        start = clock()
+
+        async def one(req: SimRequest, prompt: list[int]) -> LiveRecord:
+            await asyncio.sleep(max(0.0, start + req.arrival_s - clock()))
+            record = LiveRecord(arrival_s=clock() - start, num_prompt_tokens=len(prompt))
+            last = None
+            request = generate_pb2.GenerateRequest(
+                prompt_token_ids=prompt, max_tokens=req.num_output_tokens, ignore_eos=True
+            )
+            try:
+                async for response in stub.Generate(request, timeout=timeout_s):
+                    now = clock() - start
+                    if response.token_ids:
+                        if last is None:
+                            record.first_token_s = now
+                        else:
+                            record.gaps_s.append(now - last)
+                        last = now
+                    if response.finish_reason:
+                        record.finish_s = now
+                        record.scheduling_delay_s = response.scheduling_delay_s
+                        record.num_output_tokens = response.num_output_tokens
+            except grpc.aio.AioRpcError as err:
+                record.error = f"{err.code().name}: {err.details()}"
+            return record
+
+        records = await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True)))
+        end = clock()
+        after = await _status(stub)
+    busy = [
+        a.busy_s_total - b.busy_s_total for a, b in zip(after.stages, before.stages, strict=True)
+    ]
+    preemptions = after.scheduler.num_preemptions - before.scheduler.num_preemptions
+    return LiveRun(list(records), 0.0, end - start, busy, preemptions)
+
+
+def scale_requests(requests: list[SimRequest], scale: float, max_total: int) -> list[SimRequest]:
+    """Shrinks a trace's lengths by `scale` (at least one token each) to fit a small model."""
+    scaled = []
+    for r in requests:
+        prompt = max(1, round(r.num_prompt_tokens * scale))
+        output = max(1, round(r.num_output_tokens * scale))
+        if max_total and prompt + output > max_total:
+            prompt = max(1, max_total - output)
+        scaled.append(SimRequest(r.arrival_s, prompt, output))
+    return scaled

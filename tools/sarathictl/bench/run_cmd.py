@@ -1,0 +1,62 @@
+"""`sarathictl bench run`: replay a workload against a running cluster and report its metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from sarathictl.bench.live_load import replay, scale_requests
+from sarathictl.bench.workloads import WorkloadSpec, make_requests
+from sarathictl.client import DEFAULT_ADDR
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace",
+        default="splitwise",
+        help="arxiv, splitwise (../shared/traces), a CSV path, or lognormal/zipf/uniform/fixed",
+    )
+    p.add_argument("--num-requests", type=int, default=64, help="requests to send")
+    p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply prompt and output lengths by this (fits a trace to a small model)",
+    )
+    p.add_argument("--max-total-tokens", type=int, default=0, help="cap prompt+output (0: no cap)")
+
+
+def workload(args: argparse.Namespace, qps: float) -> list:  # type: ignore[type-arg]
+    spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
+    return scale_requests(make_requests(spec, qps), args.scale, args.max_total_tokens)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="replay a workload against a running cluster (gRPC)")
+    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    p.add_argument("--qps", type=float, required=True, help="Poisson arrival rate, requests/s")
+    add_workload_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    requests = workload(args, args.qps)
+    result = asyncio.run(replay(args.addr, requests, seed=args.seed))
+    metrics = result.metrics()
+    if args.json:
+        print(json.dumps({**metrics.to_dict(), "num_errors": result.num_errors}))
+        return 0 if not result.num_errors else 1
+    print(f"{len(requests)} requests at {args.qps} req/s against {args.addr}")
+    print(f"  errors            {result.num_errors}")
+    print(f"  TTFT P50/P90/P99  {metrics.ttft_p50_s:.3f} / {metrics.ttft_p90_s:.3f} / "
+          f"{metrics.ttft_p99_s:.3f} s")  # fmt: skip
+    print(f"  TBT P50/P99       {metrics.tbt_p50_s * 1e3:.1f} / {metrics.tbt_p99_s * 1e3:.1f} ms")
+    print(f"  sched delay P50   {metrics.scheduling_delay_p50_s:.3f} s")
+    print(f"  throughput        {metrics.throughput_rps:.2f} req/s, "
+          f"{metrics.throughput_tokens_s:.0f} tokens/s")  # fmt: skip
+    util = ", ".join(f"{u:.0%}" for u in metrics.stage_utilization)
+    print(f"  stage utilization {util}; bubble fraction {metrics.bubble_fraction:.0%}")
+    return 0 if not result.num_errors else 1
