@@ -46,8 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--control-addr", default="tcp://127.0.0.1:0", help="ZeroMQ address workers connect to"
     )
-    p.add_argument("--dist-host", default="127.0.0.1", help="torch.distributed rendezvous host")
-    p.add_argument("--dist-port", type=int, default=0, help="rendezvous port (0: any free)")
+    p.add_argument(
+        "--dist-host", default="", help="torch.distributed rendezvous host (default: rank 0's)"
+    )
+    p.add_argument(
+        "--dist-port", type=int, default=0, help="rendezvous port (0: free port / 29500 with etcd)"
+    )
+    p.add_argument("--etcd", default="", help="etcd HOST:PORT: cluster mode (membership)")
+    p.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
+    p.add_argument(
+        "--advertise-host", default="", help="address workers reach this controller at (cluster)"
+    )
     p.add_argument("--socket-ifname", default="", help="NCCL/gloo network interface")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when unset")
     p.add_argument(
@@ -85,6 +94,9 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             dist_host=args.dist_host,
             dist_port=args.dist_port,
             socket_ifname=args.socket_ifname,
+            etcd=args.etcd,
+            cluster=args.cluster,
+            advertise_host=args.advertise_host,
             default_max_tokens=args.default_max_tokens,
             worker_start_timeout_s=args.worker_start_timeout,
         ),
@@ -102,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"controller: invalid configuration: {err}", file=sys.stderr)
         return 2
-    except TimeoutError as err:
+    except (TimeoutError, ConnectionError) as err:
         print(f"controller: {err}", file=sys.stderr)
         return 1
     return 0

@@ -10,8 +10,10 @@ import socket
 from pathlib import Path
 
 import zmq.asyncio
+from sarathi_proto import stage_pb2
 
 from controller.api_request import RequestLimits
+from controller.cluster_membership import ControllerMembership
 from controller.config import ControllerConfig
 from controller.engine import Engine, GenerationRequest
 from controller.executor.control_channel import ControlChannel
@@ -76,16 +78,32 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
 
     ctx = zmq.asyncio.Context()
     channel = ControlChannel(ctx, config.server.control_addr)
-    dist_port = config.server.dist_port or free_tcp_port(config.server.dist_host)
+    cluster_mode = bool(config.server.etcd)
+    dist_port = config.server.dist_port or (29500 if cluster_mode else free_tcp_port("127.0.0.1"))
     pipeline = PipelineExecutor(
         channel,
         config.parallel,
-        model="",  # local mode: every worker was started with this controller's model
-        dist_init_method=f"tcp://{config.server.dist_host}:{dist_port}",
+        # Cluster mode: workers started elsewhere must serve this model; local mode started them.
+        model=model_name if cluster_mode else "",
+        dist_host=config.server.dist_host or ("" if cluster_mode else "127.0.0.1"),
+        dist_port=dist_port,
         socket_ifname=config.server.socket_ifname,
     )
+    membership: ControllerMembership | None = None
     engine_task: asyncio.Task[None] | None = None
     try:
+        if cluster_mode:
+            membership = ControllerMembership(config.server.etcd, config.server.cluster)
+            control_port = channel.address.rsplit(":", 1)[1]
+            await membership.start(
+                stage_pb2.ControllerEndpoint(
+                    control_addr=f"tcp://{config.server.advertise_host}:{control_port}",
+                    grpc_addr=f"{config.server.advertise_host}:{port}",
+                    model=model_name,
+                    pp=config.parallel.pp,
+                    tp=config.parallel.tp,
+                )
+            )
         start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -122,6 +140,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         log.info("shutting down")
         await server.stop(grace=1.0)
         await pipeline.shutdown()
+        if membership is not None:
+            await membership.close()
         if engine_task is not None:
             engine_task.cancel()
         channel.close()

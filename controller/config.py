@@ -39,10 +39,16 @@ class ServerConfig:
     """Prometheus /metrics port; 0 disables the endpoint."""
     control_addr: str = "tcp://127.0.0.1:0"
     """ZeroMQ address the workers connect to; port 0 picks a free one."""
-    dist_host: str = "127.0.0.1"
-    """Host of the torch.distributed rendezvous published to the workers."""
+    dist_host: str = ""
+    """Host of the torch.distributed rendezvous; empty: stage 0 rank 0's host (it hosts it)."""
     dist_port: int = 0
-    """Port of the torch.distributed rendezvous; 0 picks a free one."""
+    """Port of the torch.distributed rendezvous; 0: a free one (local mode) or 29500 (cluster)."""
+    etcd: str = ""
+    """etcd client endpoint HOST:PORT for cluster mode; empty: local mode (no etcd)."""
+    cluster: str = "default"
+    """Cluster name: the etcd key prefix /sarathi/<cluster>/."""
+    advertise_host: str = ""
+    """Address workers use to reach this controller (cluster mode; its pod IP)."""
     socket_ifname: str = ""
     """Network interface for NCCL/gloo sockets (NCCL_SOCKET_IFNAME); empty: the library's choice."""
     default_max_tokens: int = 256
@@ -65,6 +71,10 @@ class ServerConfig:
             raise ConfigError("default_max_tokens", self.default_max_tokens, "at least 1")
         if self.max_stop_strings < 0:
             raise ConfigError("max_stop_strings", self.max_stop_strings, "at least 0")
+        if self.etcd and not self.advertise_host:
+            raise ConfigError("advertise_host", self.advertise_host, "set in cluster mode (--etcd)")
+        if not self.cluster or "/" in self.cluster:
+            raise ConfigError("cluster", self.cluster, "a non-empty name without '/'")
         if self.worker_start_timeout_s <= 0:
             raise ConfigError("worker_start_timeout_s", self.worker_start_timeout_s, "positive")
 

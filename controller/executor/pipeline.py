@@ -33,13 +33,17 @@ class PipelineExecutor:
         channel: ControlChannel,
         parallel: ParallelConfig,
         model: str,
-        dist_init_method: str,
+        dist_host: str,
+        dist_port: int,
         socket_ifname: str = "",
     ) -> None:
+        """dist_host empty: the torch.distributed rendezvous is stage 0 rank 0's host (its rank
+        hosts the store), known once that worker has said hello."""
         self.channel = channel
         self.parallel = parallel
         self.slots = PipelineSlots(parallel.pp, parallel.tp, model)
-        self.dist_init_method = dist_init_method
+        self.dist_host = dist_host
+        self.dist_port = dist_port
         self.socket_ifname = socket_ifname
         self.stages = [StageTelemetry(stage=s) for s in range(parallel.pp)]
         self.started_at = time.monotonic()
@@ -106,15 +110,22 @@ class PipelineExecutor:
             info.stage,
             info.tp_rank,
         )
+        if self.slots.full:
+            # Everyone is present: now the rendezvous (hosted by rank 0) is known to all.
+            for worker in self.slots.workers.values():
+                await self._assign(worker)
+
+    async def _assign(self, info: WorkerInfo) -> None:
+        dist_host = self.dist_host or self.slots.workers[(0, 0)].host
         assignment = stage_pb2.WorkerAssignment(
             stage=info.stage,
             tp_rank=info.tp_rank,
             pp=self.parallel.pp,
             tp=self.parallel.tp,
-            dist_init_method=self.dist_init_method,
+            dist_init_method=f"tcp://{dist_host}:{self.dist_port}",
             socket_ifname=self.socket_ifname,
         )
-        await self.channel.send(identity, stage_pb2.ControllerMessage(assignment=assignment))
+        await self.channel.send(info.identity, stage_pb2.ControllerMessage(assignment=assignment))
 
     async def begin_serving(
         self, num_kv_blocks: int, block_size: int, on_result: ResultHandler

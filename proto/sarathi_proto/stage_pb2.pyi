@@ -159,3 +159,33 @@ class ControllerMessage(_message.Message):
     shutdown: bool
     reject: Reject
     def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+
+class ControllerEndpoint(_message.Message):
+    __slots__ = ("control_addr", "grpc_addr", "model", "pp", "tp")
+    CONTROL_ADDR_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PP_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    control_addr: str
+    grpc_addr: str
+    model: str
+    pp: int
+    tp: int
+    def __init__(self, control_addr: _Optional[str] = ..., grpc_addr: _Optional[str] = ..., model: _Optional[str] = ..., pp: _Optional[int] = ..., tp: _Optional[int] = ...) -> None: ...
+
+class WorkerRegistration(_message.Message):
+    __slots__ = ("worker_id", "host", "num_gpus", "model", "stage", "tp_rank")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    NUM_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    num_gpus: int
+    model: str
+    stage: int
+    tp_rank: int
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., num_gpus: _Optional[int] = ..., model: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ...) -> None: ...
