@@ -46,6 +46,12 @@ bench: bench-scheduler
 bench-scheduler: install
 	$(VENV)/bin/sarathictl bench scheduler
 
+# The paper's capacity study in simulation; rewrites BENCHMARKS.md's bench-paper section.
+# 2048 requests per run: shorter runs let overloaded rates pass the median-delay test.
+bench-paper: install
+	$(VENV)/bin/sarathictl bench paper --num-requests 2048 --jobs 2 --output BENCHMARKS.md \
+	  --json-output build/bench-paper.json
+
 demo: install
 	$(VENV)/bin/sarathictl demo
 

@@ -1,0 +1,234 @@
+"""A virtual-time pipeline of P stages, driven by the real scheduler as the real engine drives
+the ZeroMQ pipeline: schedule when stage 0 is free, apply results when they return.
+
+Stages run micro-batches in submission order (FIFO) and a micro-batch moves to stage s+1 when
+stage s finishes it and the activation transfer lands, so a micro-batch's whole path through the
+pipeline is known the moment it is submitted. The scheduler keeps at most `pipeline_depth` of
+them in flight; their sampled tokens come back when the last stage finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from controller.scheduler import InvalidRequestError, MicroBatch, RequestParams, Scheduler
+from controller.simulator.cost_model import StageCost
+
+logger = logging.getLogger(__name__)
+
+
+class CostModel(Protocol):
+    num_stages: int
+
+    def micro_batch_cost(self, batch: MicroBatch) -> StageCost: ...
+
+
+class SimulatedPipeline:
+    """The executor: `submit` a micro-batch when `stage0_free_at_s <= now`, collect it with
+    `pop_completed` once `next_completion_s` has passed."""
+
+    def __init__(self, cost_model: CostModel, record_intervals: bool = False) -> None:
+        self.cost_model = cost_model
+        self.num_stages = cost_model.num_stages
+        self._stage_free_at_s = [0.0] * self.num_stages
+        self.stage_busy_s = [0.0] * self.num_stages
+        # Per stage, (start_s, end_s) of every micro-batch it ran, when record_intervals is set.
+        self.stage_intervals: list[list[tuple[float, float]]] | None = (
+            [[] for _ in range(self.num_stages)] if record_intervals else None
+        )
+        self._completions: list[tuple[float, int, MicroBatch]] = []
+        self.num_batches = 0
+
+    @property
+    def stage0_free_at_s(self) -> float:
+        return self._stage_free_at_s[0]
+
+    @property
+    def last_busy_end_s(self) -> float:
+        return max(self._stage_free_at_s)
+
+    @property
+    def next_completion_s(self) -> float | None:
+        return self._completions[0][0] if self._completions else None
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._completions)
+
+    def submit(self, batch: MicroBatch, now: float) -> float:
+        """Runs batch through every stage in order; returns when its tokens are back."""
+        cost = self.cost_model.micro_batch_cost(batch)
+        free_at, busy, intervals = self._stage_free_at_s, self.stage_busy_s, self.stage_intervals
+        ready_s = now
+        last = self.num_stages - 1
+        for stage, time_s in enumerate(cost.stage_times_s):
+            start_s = free_at[stage] if free_at[stage] > ready_s else ready_s
+            end_s = start_s + time_s
+            free_at[stage] = end_s
+            busy[stage] += time_s
+            if intervals is not None:
+                intervals[stage].append((start_s, end_s))
+            ready_s = end_s + cost.transfer_s if stage < last else end_s
+        heapq.heappush(self._completions, (ready_s, batch.batch_id, batch))
+        self.num_batches += 1
+        return ready_s
+
+    def pop_completed(self, now: float) -> list[tuple[float, MicroBatch]]:
+        """Micro-batches whose tokens are back by now, in completion order."""
+        done: list[tuple[float, MicroBatch]] = []
+        completions = self._completions
+        while completions and completions[0][0] <= now:
+            done_s, _, batch = heapq.heappop(completions)
+            done.append((done_s, batch))
+        return done
+
+
+class SimRequest(NamedTuple):
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class RequestRecord(NamedTuple):
+    arrival_s: float
+    scheduled_s: float
+    first_token_s: float
+    finish_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+@dataclass
+class SimulationResult:
+    requests: list[RequestRecord]
+    tbt_gaps_s: array[float]
+    """array('d'): every gap between two consecutive tokens of one request, seconds."""
+    stage_busy_s: list[float]
+    start_s: float
+    end_s: float
+    num_batches: int
+    num_preemptions: int
+    num_rejected: int = 0
+    stopped_early: bool = False
+    """Ended once more than half the requests were scheduled later than the delay limit."""
+    stage_intervals: list[list[tuple[float, float]]] | None = field(default=None, repr=False)
+
+
+def run_simulation(
+    scheduler: Scheduler,
+    pipeline: SimulatedPipeline,
+    requests: Sequence[SimRequest],
+    stop_delay_s: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimulationResult:
+    """Replays requests (sorted by arrival) through scheduler and pipeline in virtual time.
+
+    stop_delay_s: stop as soon as more than half the requests are known to wait longer than this
+    to be scheduled (the median scheduling delay then exceeds it whatever happens next)."""
+    num_requests = len(requests)
+    late_limit = num_requests // 2
+    late_seq_ids: set[int] = set()
+    records: list[RequestRecord] = []
+    gaps: array[float] = array("d")
+    last_token_s: dict[int, float] = {}
+    num_rejected = 0
+    next_arrival = 0
+    now = requests[0].arrival_s if requests else 0.0
+    loops = 0
+    stopped = False
+    while next_arrival < num_requests or scheduler.has_unfinished:
+        # 1. Results that are back: the engine applies them first.
+        for done_s, batch in pipeline.pop_completed(now):
+            sampled = {c.seq_id: 0 for c in batch.chunks if c.yields_token}
+            for seq in scheduler.on_result(batch.batch_id, sampled, done_s):
+                sid = seq.seq_id
+                previous = last_token_s.get(sid)
+                if previous is not None:
+                    gaps.append(done_s - previous)
+                last_token_s[sid] = done_s
+                if seq.finish_reason is not None:
+                    del last_token_s[sid]
+                    records.append(
+                        RequestRecord(
+                            seq.arrival_time,
+                            seq.first_scheduled_time or seq.arrival_time,
+                            seq.first_token_time or done_s,
+                            done_s,
+                            len(seq.prompt_token_ids),
+                            len(seq.output_token_ids),
+                        )
+                    )
+            if progress is not None:
+                progress(len(records))
+        # 2. Arrivals up to now.
+        while next_arrival < num_requests and requests[next_arrival].arrival_s <= now:
+            req = requests[next_arrival]
+            try:
+                scheduler.add_request(
+                    next_arrival,
+                    [0] * req.num_prompt_tokens,
+                    RequestParams(max_tokens=req.num_output_tokens),
+                    req.arrival_s,
+                )
+            except InvalidRequestError as err:
+                num_rejected += 1
+                logger.debug("request %d rejected: %s", next_arrival, err)
+            next_arrival += 1
+        # 3. Stage 0 free: ask for the next micro-batch.
+        if pipeline.stage0_free_at_s <= now:
+            new_batch = scheduler.schedule(now)
+            if new_batch is not None:
+                pipeline.submit(new_batch, now)
+                if stop_delay_s is not None:
+                    for chunk in new_batch.chunks:
+                        if chunk.first_position == 0 and chunk.seq_id not in late_seq_ids:
+                            admitted = scheduler.get(chunk.seq_id)
+                            if admitted is not None and now - admitted.arrival_time > stop_delay_s:
+                                late_seq_ids.add(chunk.seq_id)
+                continue
+        loops += 1
+        if stop_delay_s is not None and loops % 512 == 0:
+            waiting_late = sum(
+                1
+                for s in scheduler.waiting
+                if s.first_scheduled_time is None and now - s.arrival_time > stop_delay_s
+            )
+            if len(late_seq_ids) + waiting_late > late_limit:
+                stopped = True
+                break
+        # 4. Advance virtual time to the next event.
+        next_s = float("inf")
+        if next_arrival < num_requests:
+            next_s = requests[next_arrival].arrival_s
+        completion = pipeline.next_completion_s
+        if completion is not None and completion < next_s:
+            next_s = completion
+        free_s = pipeline.stage0_free_at_s
+        if now < free_s < next_s:
+            next_s = free_s
+        if next_s == float("inf"):
+            if not scheduler.has_unfinished:
+                break  # the last results just came back
+            raise RuntimeError(
+                f"simulation stuck at t={now:.3f}s: {scheduler.num_waiting} waiting, "
+                f"{scheduler.num_running} running, nothing in flight"
+            )
+        now = next_s
+    start_s = requests[0].arrival_s if requests else 0.0
+    return SimulationResult(
+        requests=records,
+        tbt_gaps_s=gaps,
+        stage_busy_s=list(pipeline.stage_busy_s),
+        start_s=start_s,
+        end_s=max(now, pipeline.last_busy_end_s),
+        num_batches=pipeline.num_batches,
+        num_preemptions=scheduler.num_preemptions,
+        num_rejected=num_rejected,
+        stopped_early=stopped,
+        stage_intervals=pipeline.stage_intervals,
+    )

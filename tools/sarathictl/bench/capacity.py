@@ -1,0 +1,72 @@
+"""Capacity: the highest arrival rate that meets the SLOs, found by bisection.
+
+The paper's definition (section 5.1): P99 TBT within the SLO and median scheduling delay within
+2 s. The search brackets the capacity geometrically from a first guess (doubling while the rate
+passes, halving while it fails), then bisects until the bracket is within `granularity` of its
+upper end. It assumes passing is monotone in the rate, which holds up to noise; with one seed
+the workload's random numbers are shared by every rate (see workloads.py), which removes most of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+MAX_MEDIAN_DELAY_S = 2.0
+
+
+@dataclass
+class CapacityResult:
+    capacity_qps: float
+    """Highest rate seen to pass (0 if even the lowest probed rate failed)."""
+    upper_qps: float
+    """Lowest rate seen to fail."""
+    probes: list[tuple[float, bool]] = field(default_factory=list)
+    """(rate, passed) in the order they were run."""
+
+
+def search_capacity(
+    passes: Callable[[float], bool],
+    initial_qps: float = 1.0,
+    granularity: float = 0.025,
+    min_qps: float = 1e-3,
+    max_qps: float = 1e4,
+) -> CapacityResult:
+    """Bisection on the arrival rate until (upper - lower) <= granularity * upper."""
+    if not 0 < granularity < 1:
+        raise ValueError(f"granularity must be in (0, 1), got {granularity}")
+    if not initial_qps > 0:
+        raise ValueError(f"initial_qps must be > 0, got {initial_qps}")
+    probes: list[tuple[float, bool]] = []
+
+    def probe(qps: float) -> bool:
+        ok = passes(qps)
+        probes.append((qps, ok))
+        logger.debug("qps %.4f: %s", qps, "pass" if ok else "fail")
+        return ok
+
+    qps = initial_qps
+    if probe(qps):
+        lower = qps
+        upper = qps * 2
+        while upper <= max_qps and probe(upper):
+            lower, upper = upper, upper * 2
+        if upper > max_qps:
+            return CapacityResult(lower, float("inf"), probes)
+    else:
+        upper = qps
+        lower = qps / 2
+        while lower >= min_qps and not probe(lower):
+            upper, lower = lower, lower / 2
+        if lower < min_qps:
+            return CapacityResult(0.0, upper, probes)
+    while upper - lower > granularity * upper:
+        mid = (lower + upper) / 2
+        if probe(mid):
+            lower = mid
+        else:
+            upper = mid
+    return CapacityResult(lower, upper, probes)

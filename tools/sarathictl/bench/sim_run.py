@@ -1,0 +1,130 @@
+"""One simulated deployment: a model on a GPU layout, a policy, a workload; run it at a rate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from controller.executor.simulated import SimRequest, SimulatedPipeline, run_simulation
+from controller.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from controller.simulator import (
+    AnalyticCostModel,
+    Deployment,
+    MeasuredProfile,
+    get_gpu,
+    get_link,
+    get_model,
+)
+from sarathictl.bench.metrics import ServingMetrics, summarize
+from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
+
+TILE_TOKENS = 32
+BASELINE_POLICIES = frozenset({"vllm", "orca", "request_level"})
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    model: str = "mistral-7b"
+    gpu: str = "a100"
+    tp: int = 1
+    pp: int = 1
+    link: str = "eth-100g"
+    """Between pipeline stages (nodes), and between nodes of a TP group spanning several."""
+    tp_link: str = "nvlink"
+    nodes_per_stage: int = 1
+    policy: str = "sarathi"
+    budget_tokens: int = 512
+    """Token budget of chunked policies; whole-prompt baselines get max_model_len (as in vLLM)
+    unless baseline_budget_tokens is set."""
+    baseline_budget_tokens: int = 0
+    max_num_seqs: int = 128
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    orca_as_published: bool = True
+    """orca as the paper ran it: KV reserved for max_model_len per request (no paging) and the
+    prompts of every admitted request batched together. False: orca with paged KV."""
+    profile_csv: str = ""
+    """A measured profile instead of the analytic model (every stage costs what it says)."""
+
+    def with_policy(self, policy: str) -> SimSetup:
+        return replace(self, policy=policy)
+
+
+@dataclass
+class PreparedSim:
+    """Everything a run at a given rate needs, built once per search."""
+
+    setup: SimSetup
+    deployment: Deployment
+    scheduler_config: SchedulerConfig
+    cache_config: CacheConfig
+    unit_requests: list[tuple[float, int, int]]
+    cost_model: AnalyticCostModel | MeasuredProfile
+
+    def run(
+        self,
+        qps: float,
+        stop_delay_s: float | None = None,
+        progress: Callable[[int], None] | None = None,
+        record_intervals: bool = False,
+    ) -> ServingMetrics:
+        if not qps > 0:
+            raise ValueError(f"qps must be > 0, got {qps}")
+        requests = [SimRequest(t / qps, p, o) for t, p, o in self.unit_requests]
+        scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        pipeline = SimulatedPipeline(self.cost_model, record_intervals=record_intervals)
+        result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
+        return summarize(result)
+
+
+def prepare(setup: SimSetup) -> PreparedSim:
+    """Validates the layout against memory and builds scheduler config, cost model, requests."""
+    unit_requests = unit_rate_requests(setup.workload)
+    max_model_len = _round_up(max(p + o for _, p, o in unit_requests), TILE_TOKENS)
+    if setup.policy in BASELINE_POLICIES:
+        budget = setup.baseline_budget_tokens or max_model_len
+    else:
+        budget = setup.budget_tokens
+    deployment = Deployment(
+        model=get_model(setup.model),
+        gpu=get_gpu(setup.gpu),
+        tp=setup.tp,
+        pp=setup.pp,
+        stage_link=get_link(setup.link),
+        tp_link=get_link(setup.tp_link),
+        nodes_per_stage=setup.nodes_per_stage,
+        max_batch_tokens=max(budget, max_model_len),
+        min_kv_tokens=max_model_len,
+    )
+    cost_model: AnalyticCostModel | MeasuredProfile
+    if setup.profile_csv:
+        transfer = AnalyticCostModel(deployment)  # the link still carries activations
+        cost_model = MeasuredProfile.from_csv(
+            setup.profile_csv, setup.pp, transfer.transfer_s(budget)
+        )
+    else:
+        cost_model = AnalyticCostModel(deployment)
+    max_num_seqs = setup.max_num_seqs
+    if setup.policy not in BASELINE_POLICIES:
+        max_num_seqs = min(max_num_seqs, budget)
+    elif setup.policy == "orca" and setup.orca_as_published:
+        # Orca predates PagedAttention: it reserves KV for max_model_len per request, which caps
+        # its batch, and batches the prompts of every request it admits (paper, section 5.1).
+        max_num_seqs = max(1, min(max_num_seqs, deployment.kv_capacity_tokens // max_model_len))
+        if not setup.baseline_budget_tokens:
+            budget = max_model_len * max_num_seqs
+    scheduler_config = SchedulerConfig(
+        policy=setup.policy,
+        budget_tokens=budget,
+        tile_tokens=TILE_TOKENS,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        pipeline_depth=setup.pp,
+    )
+    cache_config = CacheConfig(
+        block_size=deployment.block_size, num_blocks=deployment.num_kv_blocks
+    )
+    return PreparedSim(setup, deployment, scheduler_config, cache_config, unit_requests, cost_model)

@@ -1,0 +1,158 @@
+"""Workloads for simulated and real benchmarks: request lengths from a trace or a distribution,
+arrival times from a Poisson or gamma process, all from one seed.
+
+Arrivals are drawn at rate 1 and divided by the QPS, so runs of one workload at different rates
+share their random numbers (common random numbers): a capacity search then compares loads, not
+noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from controller.executor.simulated import SimRequest
+
+# ../shared/traces from the project root (see its README).
+TRACES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+TRACE_FILES = {"arxiv": "arxiv_summarization.csv", "splitwise": "splitwise_conv.csv"}
+TRACE_ALIASES = {"arxiv_summarization": "arxiv", "splitwise_conv": "splitwise", "conv": "splitwise"}
+TRACE_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+
+# The paper's Table 2 (median, P90) of prompt and output tokens, and its length filter.
+PAPER_DATASETS: dict[str, tuple[tuple[float, float], tuple[float, float], int]] = {
+    "sharegpt-paper": ((1730, 5696), (415, 834), 8192),
+    "arxiv-paper": ((7059, 12985), (208, 371), 16384),
+}
+SYNTHETIC = ("lognormal", "zipf", "uniform", "fixed")
+_Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    source: str = "arxiv"
+    """A trace (arxiv, splitwise, or a CSV path), a paper dataset (sharegpt-paper, arxiv-paper)
+    or a distribution (lognormal, zipf, uniform, fixed)."""
+    num_requests: int = 1024
+    seed: int = 0
+    max_total_tokens: int = 0
+    """Drop requests longer than this (prompt + output); 0: the source's own limit."""
+    arrival: str = "poisson"
+    """poisson, or gamma (bursty when burstiness > 1)."""
+    burstiness: float = 1.0
+    """Gamma arrivals: squared coefficient of variation of the gaps (1 is Poisson)."""
+    prompt_tokens: int = 1024
+    """Synthetic sources: the median (lognormal), maximum (zipf, uniform) or value (fixed)."""
+    output_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.arrival not in ("poisson", "gamma"):
+            raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.max_total_tokens < 0:
+            raise ValueError("max_total_tokens must be >= 0")
+
+
+def read_trace(path: Path) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) rows; a missing column or a bad value names the line."""
+    rows: list[tuple[int, int]] = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: line 1: missing column(s) {', '.join(missing)}")
+        for line_no, row in enumerate(reader, start=2):
+            try:
+                prompt = int(float(row["num_prefill_tokens"]))
+                output = int(float(row["num_decode_tokens"]))
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: line {line_no}: lengths are not numbers") from None
+            if prompt < 1 or output < 1:
+                raise ValueError(
+                    f"{path}: line {line_no}: lengths must be >= 1, got prompt {prompt}, "
+                    f"output {output}"
+                )
+            rows.append((prompt, output))
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    return rows
+
+
+def _lognormal(rng: np.random.Generator, median: float, p90: float, size: int) -> np.ndarray:
+    sigma = math.log(p90 / median) / _Z90
+    return np.maximum(1, np.rint(rng.lognormal(math.log(median), sigma, size))).astype(np.int64)
+
+
+def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[list[tuple[int, int]], int]:
+    """Request lengths (before the length filter), and the source's own length limit."""
+    n = spec.num_requests
+    source = TRACE_ALIASES.get(spec.source, spec.source)
+    if source in PAPER_DATASETS:
+        (p50, p90), (o50, o90), limit = PAPER_DATASETS[source]
+        # Oversample so the length filter still leaves n requests.
+        size = 2 * n + 64
+        prompts, outputs = _lognormal(rng, p50, p90, size), _lognormal(rng, o50, o90, size)
+        return list(zip(prompts.tolist(), outputs.tolist(), strict=True)), limit
+    if source in SYNTHETIC:
+        p, o = spec.prompt_tokens, spec.output_tokens
+        if source == "fixed":
+            return [(p, o)] * n, 0
+        if source == "uniform":
+            prompts, outputs = rng.integers(1, p + 1, n), rng.integers(1, o + 1, n)
+        elif source == "zipf":
+            prompts = np.minimum(rng.zipf(1.5, n) * 16, p)
+            outputs = np.minimum(rng.zipf(1.5, n) * 4, o)
+        else:
+            prompts = _lognormal(rng, p, 4 * p, 2 * n + 64)
+            outputs = _lognormal(rng, o, 2 * o, 2 * n + 64)
+        return list(zip(prompts.tolist(), outputs.tolist(), strict=True)), 0
+    path = TRACES_DIR / TRACE_FILES[source] if source in TRACE_FILES else Path(spec.source)
+    if not path.is_file():
+        known = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
+        raise ValueError(f"unknown workload {spec.source!r}; known: {known}, or a CSV path")
+    rows = read_trace(path)
+    picks = rng.integers(0, len(rows), 2 * n + 64)
+    return [rows[i] for i in picks.tolist()], 0
+
+
+def make_requests(spec: WorkloadSpec, qps: float) -> list[SimRequest]:
+    """num_requests requests arriving at qps requests/s on average, sorted by arrival."""
+    if not qps > 0:
+        raise ValueError(f"qps must be > 0, got {qps}")
+    return [SimRequest(t / qps, p, o) for t, p, o in unit_rate_requests(spec)]
+
+
+def unit_rate_requests(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
+    """(arrival at rate 1 request/s, prompt tokens, output tokens): scale arrivals by 1/qps."""
+    rng = np.random.default_rng(spec.seed)
+    lengths, limit = _lengths(spec, rng)
+    max_total = spec.max_total_tokens or limit
+    if max_total:
+        lengths = [(p, o) for p, o in lengths if p + o <= max_total]
+    if len(lengths) < spec.num_requests:
+        raise ValueError(
+            f"workload {spec.source}: only {len(lengths)} requests within "
+            f"max_total_tokens={max_total}, {spec.num_requests} asked"
+        )
+    lengths = lengths[: spec.num_requests]
+    n = spec.num_requests
+    arrival_rng = np.random.default_rng([spec.seed, 1])  # independent of the lengths
+    if spec.arrival == "poisson":
+        gaps = arrival_rng.exponential(1.0, n)
+    else:
+        shape = 1.0 / spec.burstiness
+        gaps = arrival_rng.gamma(shape, 1.0 / shape, n)
+    times = np.cumsum(gaps).tolist()
+    return [(t, p, o) for t, (p, o) in zip(times, lengths, strict=True)]
+
+
+def max_total_tokens_of(spec: WorkloadSpec) -> int:
+    """The longest request the workload can hold: the model length the scheduler must allow."""
+    return max(p + o for _, p, o in unit_rate_requests(spec))
