@@ -57,12 +57,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_setup_args(parser)
     parser.add_argument("--policies", default="sarathi,vllm,orca", help="comma-separated")
-    parser.add_argument("--tbt-slo", type=float, required=True, help="P99 TBT target, seconds")
+    parser.add_argument(
+        "--tbt-slo",
+        required=True,
+        help="P99 TBT target in seconds; with --local also `strict` or `relaxed` (5x or 25x the "
+        "measured decode step of a batch of 32, the paper's rule)",
+    )
     parser.add_argument("--granularity", type=float, default=0.025, help="relative precision")
+    live = parser.add_argument_group("live (--local): real processes instead of the simulator")
+    live.add_argument(
+        "--local",
+        action="store_true",
+        help="start a local cluster per policy (--model is then a model folder or `demo`)",
+    )
+    live.add_argument("--scale", type=float, default=1.0, help="multiply trace lengths by this")
+    live.add_argument("--initial-qps", type=float, default=1.0, help="first rate probed")
+    live.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.local:
+        from sarathictl.bench.live_capacity import run_local
+
+        return run_local(args)
+    args.tbt_slo = float(args.tbt_slo)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies lists no policy")

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 
+from controller.executor.simulated import SimRequest
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.client import DEFAULT_ADDR
@@ -28,7 +29,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-total-tokens", type=int, default=0, help="cap prompt+output (0: no cap)")
 
 
-def workload(args: argparse.Namespace, qps: float) -> list:  # type: ignore[type-arg]
+def workload(args: argparse.Namespace, qps: float) -> list[SimRequest]:
     spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
     return scale_requests(make_requests(spec, qps), args.scale, args.max_total_tokens)
 

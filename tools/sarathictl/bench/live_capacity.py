@@ -1,0 +1,160 @@
+"""Capacity of a live local cluster: one cluster per policy, bisection on the arrival rate.
+
+Same definition as the simulated search (P99 TBT within the SLO, median scheduling delay within
+2 s), measured on real processes: every probe replays the workload in real time, so keep
+`num_requests` modest and the granularity coarser than in simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from controller.executor.simulated import SimRequest
+from sarathictl.bench.capacity import CapacityResult, search_capacity
+from sarathictl.bench.live_load import replay, scale_requests
+from sarathictl.bench.metrics import ServingMetrics
+from sarathictl.bench.workloads import WorkloadSpec, make_requests
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PolicyCapacity:
+    policy: str
+    budget_tokens: int
+    capacity_qps: float
+    probes: list[tuple[float, bool]]
+    at_capacity: ServingMetrics | None
+    """Metrics of the highest passing probe."""
+
+
+def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
+    """Median gap between tokens with `batch` requests decoding together (the paper's unit for
+    SLOs: strict is 5x, relaxed 25x this)."""
+    requests = [SimRequest(0.0, prompt_tokens, 24) for _ in range(batch)]
+    run = asyncio.run(replay(cluster.addr, requests))
+    gaps = [g for r in run.records for g in r.gaps_s[4:]]  # skip gaps while prompts still prefill
+    return statistics.median(gaps)
+
+
+def measure_policy(
+    base: LocalClusterConfig,
+    policy: str,
+    budget_tokens: int,
+    make_requests: Callable[[float], list[SimRequest]],
+    tbt_slo_s: float,
+    initial_qps: float,
+    granularity: float,
+) -> PolicyCapacity:
+    config = replace(base, policy=policy, budget_tokens=budget_tokens)
+    best: dict[float, ServingMetrics] = {}
+    with LocalCluster(config) as cluster:
+
+        def passes(qps: float) -> bool:
+            metrics = asyncio.run(replay(cluster.addr, make_requests(qps))).metrics()
+            ok = metrics.meets(tbt_slo_s)
+            log.info(
+                "%s at %.3f req/s: P99 TBT %.3f s, median delay %.3f s -> %s",
+                policy, qps, metrics.tbt_p99_s, metrics.scheduling_delay_p50_s,
+                "pass" if ok else "fail",
+            )  # fmt: skip
+            if ok:
+                best[qps] = metrics
+            return ok
+
+        result: CapacityResult = search_capacity(passes, initial_qps, granularity)
+    at_capacity = best.get(result.capacity_qps)
+    return PolicyCapacity(policy, budget_tokens, result.capacity_qps, result.probes, at_capacity)
+
+
+SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """`sarathictl bench capacity --local ...`: capacity of each policy on real processes."""
+    from sarathictl.commands.up import resolve_model
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    base = LocalClusterConfig(
+        model_dir=resolve_model(args.model),
+        pp=args.pp,
+        tp=args.tp,
+        port=0,
+        threads_per_worker=args.threads,
+        max_num_seqs=args.max_num_seqs,
+    )
+    spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
+
+    def requests_at(qps: float) -> list[SimRequest]:
+        return scale_requests(make_requests(spec, qps), args.scale, args.max_total_tokens)
+
+    started = time.perf_counter()
+    decode_s = None
+    if args.tbt_slo in SLO_FACTORS:
+        with LocalCluster(replace(base, budget_tokens=args.budget)) as cluster:
+            decode_s = decode_step_s(cluster)
+        tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
+    else:
+        tbt_slo_s = float(args.tbt_slo)
+    longest = max(
+        p + o
+        for _, p, o in [(0, r.num_prompt_tokens, r.num_output_tokens) for r in requests_at(1.0)]
+    )
+    results = []
+    for policy in policies:
+        # Whole-prompt baselines batch prompts up to the longest request, as vLLM does.
+        budget = args.budget if policy in ("sarathi", "chunked_only") else -(-longest // 32) * 32
+        results.append(
+            measure_policy(
+                base, policy, budget, requests_at, tbt_slo_s, args.initial_qps, args.granularity
+            )
+        )
+    reference = next((r for r in results if r.policy == "vllm"), None)
+    rows = []
+    for r in results:
+        m = r.at_capacity
+        rows.append(
+            {
+                "policy": r.policy,
+                "budget_tokens": r.budget_tokens,
+                "capacity_qps": r.capacity_qps,
+                "ratio_to_vllm": (r.capacity_qps / reference.capacity_qps)
+                if reference and reference.capacity_qps
+                else None,
+                "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
+                "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
+                "probes": r.probes,
+            }
+        )
+    report = {
+        "model": base.model_dir,
+        "pp": base.pp,
+        "tp": base.tp,
+        "tbt_slo_s": tbt_slo_s,
+        "decode_step_batch32_s": decode_s,
+        "results": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"live capacity, {base.model_dir} PP={base.pp} TP={base.tp}, P99 TBT <= {tbt_slo_s:.3f} s"
+    )
+    for row in rows:
+        ratio = row["ratio_to_vllm"]
+        bubble = row["bubble_fraction_at_capacity"]
+        print(
+            f"  {row['policy']:<14} {row['capacity_qps']:8.3f} qps"
+            f"  {f'{ratio:.2f}x vllm' if isinstance(ratio, float) else '-':>12}"
+            f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
+        )
+    return 0
