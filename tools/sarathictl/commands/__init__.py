@@ -6,8 +6,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from sarathictl.commands import bench
+from sarathictl.commands import bench, demo, generate, model, status, up
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
-COMMANDS: list[Register] = [bench.register]
+COMMANDS: list[Register] = [
+    up.register,
+    generate.register,
+    status.register,
+    demo.register,
+    bench.register,
+    model.register,
+]

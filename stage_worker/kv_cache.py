@@ -1,0 +1,66 @@
+"""Paged KV cache of one worker's layers: K and V per layer as
+[num_blocks, block_size, kv_heads_local, head_dim]. Slot s of the flattened view is token
+s % block_size of block s // block_size."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Share of free GPU memory (after the weights are loaded) the cache may take; the rest is left to
+# activations, the NCCL buffers and the attention workspace.
+GPU_CACHE_FRACTION = 0.85
+
+
+def bytes_per_block(
+    num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * kv_heads * head_dim * element_bytes
+
+
+def num_blocks_that_fit(
+    device: str,
+    per_block_bytes: int,
+    cpu_budget_bytes: int,
+    gpu_fraction: float = GPU_CACHE_FRACTION,
+) -> int:
+    """Blocks from free GPU memory (cuda) or the configured budget (cpu)."""
+    if device.startswith("cuda"):
+        free_bytes, _total = torch.cuda.mem_get_info(torch.device(device))
+        budget = int(free_bytes * gpu_fraction)
+    else:
+        budget = cpu_budget_bytes
+    return max(0, budget // per_block_bytes)
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        device: str,
+        dtype: torch.dtype,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]
+        self.data = torch.zeros(
+            num_layers, 2, num_blocks, block_size, kv_heads, head_dim, device=device, dtype=dtype
+        )
+        logger.info(
+            "KV cache: %d blocks x %d tokens, %.1f MiB",
+            num_blocks,
+            block_size,
+            self.data.numel() * self.data.element_size() / 2**20,
+        )
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of local layer `index`: each [num_blocks, block_size, kv_heads, head_dim]."""
+        return self.data[index, 0], self.data[index, 1]

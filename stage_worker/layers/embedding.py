@@ -1,0 +1,64 @@
+"""Vocabulary-parallel embedding and LM head: rank r holds vocabulary rows
+[r * per_rank, min(vocab, (r + 1) * per_rank)) with per_rank = ceil(vocab / tp)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stage_worker.comm import TPGroup
+
+
+def vocab_range(vocab_size: int, tp: int, tp_rank: int) -> tuple[int, int]:
+    per_rank = -(-vocab_size // tp)
+    start = min(vocab_size, tp_rank * per_rank)
+    return start, min(vocab_size, start + per_rank)
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tp: TPGroup, device: str, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, self.stop = vocab_range(vocab_size, tp.size, tp.rank)
+        # weight: [vocab_local, hidden]
+        self.weight = nn.Parameter(
+            torch.empty(self.stop - self.start, hidden_size, device=device, dtype=dtype),
+            requires_grad=False,
+        )
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        # token_ids: [num_tokens] -> [num_tokens, hidden]
+        if self.tp.size == 1:
+            return nn.functional.embedding(token_ids, self.weight)
+        mine = (token_ids >= self.start) & (token_ids < self.stop)
+        local = torch.where(mine, token_ids - self.start, 0)
+        out = nn.functional.embedding(local, self.weight) * mine[:, None].to(self.weight.dtype)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(nn.Module):
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tp: TPGroup, device: str, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.per_rank = -(-vocab_size // tp.size)
+        self.start, self.stop = vocab_range(vocab_size, tp.size, tp.rank)
+        # weight: [vocab_local, hidden]
+        self.weight = nn.Parameter(
+            torch.empty(self.stop - self.start, hidden_size, device=device, dtype=dtype),
+            requires_grad=False,
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
+        logits = nn.functional.linear(hidden, self.weight).float()
+        if self.tp.size == 1:
+            return logits
+        pad = self.per_rank - logits.shape[1]
+        if pad:  # the last rank's share is shorter; all_gather needs equal sizes
+            logits = nn.functional.pad(logits, (0, pad), value=float("-inf"))
+        return self.tp.all_gather(logits)[:, : self.vocab_size]

@@ -1,0 +1,46 @@
+"""Column- and row-parallel linear layers without bias (none of the supported models uses one).
+
+Column-parallel: the rank holds output rows [out_local, in]; its output is its share of the
+features and needs no communication. Row-parallel: the rank holds input columns
+[out, in_local]; its output is a partial sum the caller all-reduces over the TP group (the model
+calls `tp.all_reduce` itself, so the collective is visible where it happens).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_local: int, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        # weight: [out_local, in_features]
+        self.weight = nn.Parameter(
+            torch.empty(out_local, in_features, device=device, dtype=dtype), requires_grad=False
+        )
+
+    def load(self, rows: torch.Tensor) -> None:
+        """rows: [out_local, in_features], this rank's rows of the full weight."""
+        self.weight.data.copy_(rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in_features] -> [num_tokens, out_local]
+        return nn.functional.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_local: int, out_features: int, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        # weight: [out_features, in_local]
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_local, device=device, dtype=dtype), requires_grad=False
+        )
+
+    def load(self, cols: torch.Tensor) -> None:
+        """cols: [out_features, in_local], this rank's columns of the full weight."""
+        self.weight.data.copy_(cols)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in_local] -> partial sums [num_tokens, out_features]
+        return nn.functional.linear(x, self.weight)

@@ -1,0 +1,37 @@
+"""Normalization layers, computed the way the reference implementations compute them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, hidden]; normalized in float32 so bf16 activations lose nothing, then
+        # scaled in the model dtype, as the reference implementation does
+        normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float, device: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+        self.bias = nn.Parameter(
+            torch.zeros(hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, hidden]
+        return nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)

@@ -1,0 +1,279 @@
+"""The stage worker process: start-up handshake with the controller, then one step per StepPlan.
+
+Start-up: hello -> assignment -> load this stage's weight slices, join torch.distributed ->
+ready(num_kv_blocks, param_bytes) -> cache(num_kv_blocks, block_size) -> serve plans until
+shutdown. Every frame on the socket is one serialized WorkerMessage / ControllerMessage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+import zmq
+from sarathi_proto import stage_pb2
+
+from stage_worker.attention import make_backend
+from stage_worker.checkpoint import CheckpointReader
+from stage_worker.comm import PipelineLinks, TPGroup, destroy_distributed, init_distributed
+from stage_worker.config import ShardSpec, load_spec
+from stage_worker.errors import PlanError
+from stage_worker.kv_cache import KVCache, bytes_per_block, num_blocks_that_fit
+from stage_worker.models import DTYPES, StageModel, build_stage
+from stage_worker.runner import StageRunner
+
+logger = logging.getLogger(__name__)
+
+# How often an idle worker tells the controller it is alive.
+IDLE_HEARTBEAT_S = 1.0
+
+
+class _LogTag(logging.Filter):
+    """Puts the worker's place (stage and TP rank, once assigned) into every log record."""
+
+    tag = "s?r?"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.tag
+        return True
+
+
+_LOG_TAG = _LogTag()
+
+
+def install_log_tag() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_LOG_TAG)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    controller: str
+    """ZeroMQ address of the controller's ROUTER, e.g. tcp://10.0.0.1:5555."""
+    model_dir: str
+    stage: int = -1
+    """Requested stage; -1 lets the controller assign it."""
+    tp_rank: int = -1
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    kv_cache_bytes: int = 1 << 30
+    """CPU only: memory for the KV cache (on CUDA the free memory after loading decides)."""
+    block_size_hint: int = 16
+    """Tokens per block assumed when reporting num_kv_blocks (the controller confirms it)."""
+    num_threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+    attention: str = "torch"
+    send_slices: bool = False
+    """Each TP rank sends only its 1/tp of the activations; the next stage all-gathers."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: must be one of {', '.join(DTYPES)}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: must be cpu or cuda")
+        if self.kv_cache_bytes < 0:
+            raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes}: must be >= 0")
+        if self.attention not in ("torch", "flashinfer"):
+            raise ValueError(f"attention={self.attention!r}: must be torch or flashinfer")
+        if self.block_size_hint < 1:
+            raise ValueError(f"block_size_hint={self.block_size_hint}: must be >= 1")
+
+
+class StageWorker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._ctx: zmq.Context = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 2000)
+        self._sock.connect(config.controller)
+        self._start_s = time.monotonic()
+        self._busy_s_total = 0.0
+        self._last_batch_id = 0
+        self.shard: ShardSpec | None = None
+
+    # ---- socket ----------------------------------------------------------------------------
+    def _send(self, msg: stage_pb2.WorkerMessage) -> None:
+        self._sock.send(msg.SerializeToString())
+
+    def _recv(self, timeout_s: float | None = None) -> stage_pb2.ControllerMessage | None:
+        if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
+            return None
+        msg = stage_pb2.ControllerMessage()
+        msg.ParseFromString(self._sock.recv())
+        return msg
+
+    def _heartbeat(self, step_busy_s: float) -> None:
+        assert self.shard is not None
+        self._send(
+            stage_pb2.WorkerMessage(
+                heartbeat=stage_pb2.Heartbeat(
+                    worker_id=self.worker_id,
+                    stage=self.shard.stage,
+                    tp_rank=self.shard.tp_rank,
+                    last_batch_id=self._last_batch_id,
+                    step_busy_s=step_busy_s,
+                    busy_s_total=self._busy_s_total,
+                    uptime_s=time.monotonic() - self._start_s,
+                )
+            )
+        )
+
+    # ---- start-up --------------------------------------------------------------------------
+    def _handshake(self) -> stage_pb2.WorkerAssignment:
+        cfg = self.config
+        self._send(
+            stage_pb2.WorkerMessage(
+                hello=stage_pb2.WorkerHello(
+                    worker_id=self.worker_id,
+                    host=socket.gethostname(),
+                    stage=cfg.stage,
+                    tp_rank=cfg.tp_rank,
+                    model=os.path.basename(os.path.normpath(cfg.model_dir)),
+                    device=cfg.device,
+                )
+            )
+        )
+        while True:
+            msg = self._recv()
+            assert msg is not None
+            if msg.HasField("assignment"):
+                return msg.assignment
+            if msg.HasField("shutdown"):
+                raise SystemExit(0)
+            logger.warning("ignoring %s before the assignment", msg.WhichOneof("body"))
+
+    def _load(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:
+        cfg = self.config
+        t0 = time.monotonic()
+        reader = CheckpointReader(cfg.model_dir)
+        try:
+            model = build_stage(
+                load_spec(cfg.model_dir), shard, tp_group, cfg.device, DTYPES[cfg.dtype], reader
+            )
+        finally:
+            reader.close()
+        logger.info(
+            "loaded layers %d..%d (%.1f MiB) in %.2f s",
+            model.layer_ids.start,
+            model.layer_ids.stop - 1,
+            model.param_bytes / 2**20,
+            time.monotonic() - t0,
+        )
+        return model
+
+    def run(self) -> int:
+        cfg = self.config
+        if cfg.num_threads > 0:
+            torch.set_num_threads(cfg.num_threads)
+        assignment = self._handshake()
+        shard = ShardSpec(assignment.pp, assignment.tp, assignment.stage, assignment.tp_rank)
+        self.shard = shard
+        _LOG_TAG.tag = f"s{shard.stage}r{shard.tp_rank}"
+        logger.info(
+            "stage %d tp_rank %d of pp=%d tp=%d", shard.stage, shard.tp_rank, shard.pp, shard.tp
+        )
+        # Refuse a model that cannot be split before joining (and holding up) the other ranks.
+        spec = load_spec(cfg.model_dir)
+        shard.check_heads(spec)
+        shard.layer_range(spec)
+        if assignment.socket_ifname:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", assignment.socket_ifname)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", assignment.socket_ifname)
+        tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device)
+        model = self._load(shard, tp_group)
+        spec = model.spec
+        dtype = DTYPES[cfg.dtype]
+        per_block = bytes_per_block(
+            len(model.layers), cfg.block_size_hint, model.num_kv_heads_local, spec.head_dim, dtype
+        )
+        num_blocks = num_blocks_that_fit(cfg.device, per_block, cfg.kv_cache_bytes)
+        self._send(
+            stage_pb2.WorkerMessage(
+                ready=stage_pb2.WorkerReady(num_kv_blocks=num_blocks, param_bytes=model.param_bytes)
+            )
+        )
+        while True:
+            msg = self._recv()
+            assert msg is not None
+            if msg.HasField("cache"):
+                break
+            if msg.HasField("shutdown"):
+                destroy_distributed()
+                return 0
+        cache = KVCache(
+            len(model.layers),
+            msg.cache.num_kv_blocks,
+            msg.cache.block_size,
+            model.num_kv_heads_local,
+            spec.head_dim,
+            cfg.device,
+            dtype,
+        )
+        runner = StageRunner(model, cache, make_backend(cfg.attention, cfg.device))
+        links = PipelineLinks(shard, tp_group, cfg.send_slices)
+        try:
+            return self._serve(runner, links)
+        finally:
+            links.wait_sends()
+            destroy_distributed()
+
+    # ---- serving ---------------------------------------------------------------------------
+    def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:
+        shard = runner.model.shard
+        while True:
+            msg = self._recv(IDLE_HEARTBEAT_S)
+            if msg is None:
+                self._heartbeat(0.0)
+                continue
+            if msg.HasField("shutdown"):
+                logger.info("shutdown after batch %d", self._last_batch_id)
+                return 0
+            if not msg.HasField("plan"):
+                logger.warning("ignoring %s while serving", msg.WhichOneof("body"))
+                continue
+            plan = msg.plan
+            try:
+                step = runner.prepare(plan)
+            except PlanError as err:
+                # Every worker sees the same plan and state, so all refuse it alike and no
+                # stage waits for activations that will not come.
+                logger.error("rejected plan: %s", err)
+                if shard.is_last and shard.tp_rank == 0:
+                    self._send(
+                        stage_pb2.WorkerMessage(result=stage_pb2.StepResult(batch_id=plan.batch_id))
+                    )
+                continue
+            hidden_in = None
+            if not shard.is_first:
+                # Waiting for the previous stage is idle time, not busy time.
+                hidden_in = links.recv(
+                    step.meta.num_tokens,
+                    runner.model.spec.hidden_size,
+                    runner.model.dtype,
+                    runner.model.device,
+                )
+            t0 = time.monotonic()
+            hidden = runner.forward(step, hidden_in)
+            if shard.is_last:
+                tokens = (
+                    runner.sample(step, runner.logits(step, hidden)) if step.sample_rows else []
+                )
+                if shard.tp_rank == 0:
+                    result = stage_pb2.StepResult(batch_id=plan.batch_id)
+                    for seq_id, token_id in tokens:
+                        result.tokens.add(seq_id=seq_id, token_id=token_id)
+                    self._send(stage_pb2.WorkerMessage(result=result))
+            else:
+                links.send(hidden)
+            if runner.model.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            busy_s = time.monotonic() - t0
+            self._busy_s_total += busy_s
+            self._last_batch_id = plan.batch_id
+            self._heartbeat(busy_s)

@@ -1,0 +1,112 @@
+"""Real `python -m stage_worker` processes over ZeroMQ and torch.distributed (gloo), driven by the
+real scheduler with up to PP micro-batches in flight: the tokens equal transformers' greedy
+generate for the PP x TP matrix, a preempted sequence is recomputed, bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sarathi_proto import stage_pb2
+
+from tests.integration.stage_worker.pipeline_driver import REPO_ROOT, LocalPipeline
+from tests.unit.stage_worker.tiny_models import VOCAB_SIZE, load_oracle, oracle_greedy
+
+pytestmark = pytest.mark.integration
+
+PROMPT_LENGTHS = (37, 5, 70, 21)  # the budget of 32 divides none of them
+MAX_TOKENS = 6
+
+
+def make_prompts(lengths: tuple[int, ...]) -> list[list[int]]:
+    return [[(5 * i + 11 * j + 2) % VOCAB_SIZE for j in range(n)] for i, n in enumerate(lengths)]
+
+
+# Each architecture appears with TP=2 and at least two pipeline depths.
+MATRIX = [
+    (1, 1, "llama"),
+    (1, 2, "falcon_new"),
+    (2, 1, "falcon_mq"),
+    (2, 2, "llama"),
+    (3, 1, "falcon_new"),
+    (3, 2, "falcon_mq"),
+]
+
+
+@pytest.mark.parametrize(("pp", "tp", "arch"), MATRIX)
+def test_pipeline_tokens_equal_transformers_greedy(
+    pp: int, tp: int, arch: str, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    model_dir = tiny_checkpoint(arch)
+    prompts = make_prompts(PROMPT_LENGTHS)
+    with LocalPipeline(model_dir, pp, tp) as pipeline:
+        run = pipeline.generate(prompts, MAX_TOKENS)
+        codes = pipeline.close()
+
+    oracle = load_oracle(model_dir)
+    for seq_id, prompt in enumerate(prompts):
+        assert run.tokens[seq_id] == oracle_greedy(oracle, prompt, MAX_TOKENS), seq_id
+    assert codes == [0] * (pp * tp)
+    # every worker reported its steps; busy time is compute only, within its uptime
+    reporters = {(h.stage, h.tp_rank) for h in run.heartbeats if h.last_batch_id > 0}
+    assert reporters == {(s, r) for s in range(pp) for r in range(tp)}
+    assert all(0 < h.busy_s_total <= h.uptime_s for h in run.heartbeats if h.last_batch_id > 0)
+
+
+def test_preempted_sequence_is_recomputed_across_processes(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    model_dir = tiny_checkpoint("falcon_new")
+    prompts = make_prompts((30, 29, 31))
+    max_tokens = 33
+    with LocalPipeline(model_dir, pp=2, tp=2, max_kv_blocks=8, extra_args=["--send-slices"]) as p:
+        run = p.generate(prompts, max_tokens)
+    assert run.num_preemptions > 0
+    oracle = load_oracle(model_dir)
+    for seq_id, prompt in enumerate(prompts):
+        assert run.tokens[seq_id] == oracle_greedy(oracle, prompt, max_tokens)
+
+
+def test_bad_plan_is_answered_empty_and_the_pipeline_keeps_serving(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    model_dir = tiny_checkpoint("llama")
+    with LocalPipeline(model_dir, pp=2, tp=1, max_kv_blocks=16) as pipeline:
+        bad = stage_pb2.StepPlan(batch_id=1)
+        bad.seqs.add(seq_id=42, first_position=0, num_tokens=1, yields_token=True, token_ids=[1])
+        pipeline.send_plan(bad, bad)
+        assert list(pipeline.wait_result().tokens) == []
+        run = pipeline.generate(make_prompts((9,)), 3)
+    oracle = load_oracle(model_dir)
+    assert run.tokens[0] == oracle_greedy(oracle, make_prompts((9,))[0], 3)
+
+
+def test_bad_checkpoint_fails_at_start_up_naming_the_field(
+    tmp_path: Path, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint("llama"), model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["num_attention_heads"] = 3  # hidden 64 over 3 heads, 2 KV heads: not a GQA layout
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    pipeline = LocalPipeline(model_dir, pp=1, tp=1)
+    with pytest.raises(RuntimeError, match="num_attention_heads=3"):
+        pipeline.start()
+    assert pipeline.procs[0].wait(timeout=30) == 2
+    pipeline.close()
+
+
+def test_worker_help_runs_without_a_controller() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "stage_worker", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert "--controller" in out.stdout and "--kv-cache-bytes" in out.stdout

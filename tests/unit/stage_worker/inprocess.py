@@ -1,0 +1,106 @@
+"""A pipeline of StageRunners chained in one process (tp=1), driven by the real scheduler: the
+math of the stage workers without sockets or torch.distributed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from controller.executor.plan_codec import encode_plan
+from controller.scheduler import CacheConfig, RequestParams, Scheduler, SchedulerConfig
+from stage_worker.attention import make_backend
+from stage_worker.checkpoint import CheckpointReader
+from stage_worker.comm import TPGroup
+from stage_worker.config import ShardSpec, load_spec
+from stage_worker.kv_cache import KVCache
+from stage_worker.models import build_stage
+from stage_worker.runner import StageRunner
+
+
+def make_runners(
+    model_dir: Path,
+    pp: int,
+    num_blocks: int,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> list[StageRunner]:
+    spec = load_spec(model_dir)
+    reader = CheckpointReader(model_dir)
+    runners = []
+    for stage in range(pp):
+        shard = ShardSpec(pp=pp, tp=1, stage=stage, tp_rank=0)
+        model = build_stage(spec, shard, TPGroup(), device, dtype, reader)
+        cache = KVCache(
+            len(model.layers),
+            num_blocks,
+            block_size,
+            model.num_kv_heads_local,
+            spec.head_dim,
+            device,
+            dtype,
+        )
+        runners.append(StageRunner(model, cache, make_backend("torch", device)))
+    reader.close()
+    return runners
+
+
+@dataclass
+class Outcome:
+    tokens: dict[int, list[int]]
+    """seq_id -> generated token ids."""
+    last_logits: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    """seq_id -> [vocab] logits of each sampled position, in order."""
+    num_preemptions: int = 0
+    num_batches: int = 0
+
+
+def generate(
+    runners: list[StageRunner],
+    prompts: list[list[int]],
+    max_tokens: int,
+    budget_tokens: int = 32,
+    tile_tokens: int = 8,
+) -> Outcome:
+    """Runs the prompts to max_tokens tokens each (greedy). Up to pp micro-batches are scheduled
+    before any result returns, as in a real pipeline, then each passes through every stage in
+    order; logits of every sampled position are kept for comparison."""
+    pp = len(runners)
+    cache = runners[0].kv_cache
+    scheduler = Scheduler(
+        SchedulerConfig(
+            budget_tokens=budget_tokens,
+            tile_tokens=tile_tokens,
+            max_num_seqs=min(16, budget_tokens),
+            pipeline_depth=pp,
+        ),
+        CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
+    )
+    for seq_id, prompt in enumerate(prompts):
+        scheduler.add_request(seq_id, prompt, RequestParams(max_tokens=max_tokens), now=0.0)
+    out = Outcome({i: [] for i in range(len(prompts))})
+    now = 0.0
+    while scheduler.has_unfinished:
+        batches = []
+        while (batch := scheduler.schedule(now)) is not None:
+            batches.append(batch)
+        assert batches, "scheduler stalled"
+        for batch in batches:
+            hidden = None
+            for stage, runner in enumerate(runners):
+                step = runner.prepare(encode_plan(batch, with_token_ids=stage == 0))
+                hidden = runner.forward(step, hidden)
+            assert hidden is not None
+            logits = runners[-1].logits(step, hidden)
+            sampled = dict(runners[-1].sample(step, logits))
+            for seq_id, row in zip(step.sample_seq_ids, logits, strict=True):
+                out.last_logits.setdefault(seq_id, []).append(row)
+            now += 1.0
+            for seq in scheduler.on_result(batch.batch_id, sampled, now):
+                out.tokens[seq.seq_id] = list(seq.output_token_ids)
+            out.num_batches += 1
+        scheduler.check_invariants()
+    out.num_preemptions = scheduler.num_preemptions
+    return out

@@ -1,0 +1,114 @@
+"""Bad checkpoints are refused at start-up naming the field or tensor and the numbers; a bad
+StepPlan is refused without touching the cache or any sequence's state."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from sarathi_proto import stage_pb2
+
+from stage_worker.checkpoint import CheckpointReader
+from stage_worker.comm import TPGroup
+from stage_worker.config import ShardSpec, load_spec
+from stage_worker.errors import CheckpointError, PlanError
+from tests.unit.stage_worker.inprocess import make_runners
+
+
+def copy_checkpoint(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def build(model_dir: Path, pp: int = 1, tp: int = 1, stage: int = 0, rank: int = 0) -> None:
+    from stage_worker.models import build_stage
+
+    reader = CheckpointReader(model_dir)
+    shard = ShardSpec(pp=pp, tp=tp, stage=stage, tp_rank=rank)
+    build_stage(load_spec(model_dir), shard, TPGroup(tp, rank), "cpu", torch.float32, reader)
+
+
+def test_unsupported_architecture_is_named(
+    tmp_path: Path, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    model_dir = copy_checkpoint(tiny_checkpoint("llama"), tmp_path / "m")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg.update(architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="GPT2LMHeadModel"):
+        load_spec(model_dir)
+
+
+def test_missing_tensor_is_named(tmp_path: Path, tiny_checkpoint: Callable[[str], Path]) -> None:
+    model_dir = copy_checkpoint(tiny_checkpoint("llama"), tmp_path / "m")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    del tensors["model.layers.3.mlp.up_proj.weight"]
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    build(model_dir, pp=2, stage=0)  # stage 0 holds layers 0..2 and never reads layer 3
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.layers\.3\.mlp\.up_proj"):
+        build(model_dir, pp=2, stage=1)
+
+
+def test_wrong_shape_names_tensor_and_both_shapes(
+    tmp_path: Path, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    model_dir = copy_checkpoint(tiny_checkpoint("falcon_new"), tmp_path / "m")
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    name = "transformer.h.0.self_attention.dense.weight"
+    tensors[name] = tensors[name][:, :32].contiguous()
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError, match=r"dense\.weight has shape \(64, 32\), expected \(64, 64\)"
+    ):
+        build(model_dir)
+
+
+def test_layers_not_divisible_by_pp_are_refused(tiny_checkpoint: Callable[[str], Path]) -> None:
+    with pytest.raises(CheckpointError, match="num_hidden_layers=6 cannot be split into pp=4"):
+        build(tiny_checkpoint("llama"), pp=4)
+
+
+def test_heads_not_divisible_by_tp_are_refused(tiny_checkpoint: Callable[[str], Path]) -> None:
+    with pytest.raises(CheckpointError, match="num_attention_heads=4 is not divisible by tp=3"):
+        build(tiny_checkpoint("llama"), tp=3)
+
+
+def make_plan(
+    batch_id: int, seq_id: int, num_tokens: int, blocks: list[int], first: bool
+) -> stage_pb2.StepPlan:
+    plan = stage_pb2.StepPlan(batch_id=batch_id)
+    seq = plan.seqs.add(
+        seq_id=seq_id,
+        first_position=0,
+        num_tokens=num_tokens,
+        yields_token=True,
+        new_block_ids=blocks,
+        token_ids=list(range(1, num_tokens + 1)),
+    )
+    if first:
+        seq.sampling.CopyFrom(stage_pb2.SamplingParams(top_p=1.0))
+    return plan
+
+
+def test_plans_naming_an_unknown_sequence_or_a_block_beyond_the_cache_change_nothing(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    (runner,) = make_runners(tiny_checkpoint("llama"), pp=1, num_blocks=4)
+    good = runner.prepare(make_plan(1, seq_id=7, num_tokens=5, blocks=[2], first=True))
+    runner.sample(good, runner.logits(good, runner.forward(good, None)))
+    cache_before = runner.kv_cache.data.clone()
+    state_before = (list(runner.seqs[7].block_ids), runner.seqs[7].num_computed_tokens)
+
+    with pytest.raises(PlanError, match="unknown sequence 8"):
+        runner.prepare(make_plan(2, seq_id=8, num_tokens=3, blocks=[1], first=False))
+    with pytest.raises(PlanError, match="block 4, beyond the cache of 4 blocks"):
+        runner.prepare(make_plan(3, seq_id=9, num_tokens=3, blocks=[4], first=True))
+
+    assert torch.equal(runner.kv_cache.data, cache_before)
+    assert set(runner.seqs) == {7}
+    assert (runner.seqs[7].block_ids, runner.seqs[7].num_computed_tokens) == state_before

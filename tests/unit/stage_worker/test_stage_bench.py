@@ -1,0 +1,38 @@
+"""`sarathictl bench stage` runs end to end on a tiny checkpoint and reports every point."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sarathictl.cli import main
+
+
+def test_bench_stage_reports_decode_and_prefill_points_and_the_floor(
+    tiny_checkpoint: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "stage", "--model", str(tiny_checkpoint("llama")), "--dtype", "float32"]
+    argv += ["--decode-batches", "1,8", "--prefill-chunks", "32,96"]
+    assert main([*argv, "--repeats", "1", "--copy-bytes", "1000000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    decodes = [r["tokens"] for r in report["rows"] if r["kind"] == "decode"]
+    prefills = [r["tokens"] for r in report["rows"] if r["kind"] == "prefill"]
+    assert (decodes, prefills) == ([1, 8], [32, 96])
+    assert all(r["step_ms"] > 0 for r in report["rows"])
+    assert report["copy_bandwidth_gb_s"] > 0
+    assert report["decode1_over_floor"] == pytest.approx(
+        report["rows"][0]["step_ms"] / report["decode_floor_ms"]
+    )
+
+
+def test_random_shape_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    from stage_worker.config import load_spec
+
+    argv = ["bench", "stage", "--model", str(tmp_path / "m"), "--random-shape", "tiny"]
+    argv += ["--decode-batches", "2", "--prefill-chunks", "16"]
+    assert main([*argv, "--repeats", "1", "--copy-bytes", "1000000"]) == 0
+    spec = load_spec(tmp_path / "m")
+    assert (spec.num_layers, spec.hidden_size, spec.num_kv_heads) == (2, 64, 2)
+    assert spec.tie_word_embeddings
