@@ -4,16 +4,35 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 
+import torch
+from sarathi_proto import stage_pb2
+
 from stage_worker.errors import CheckpointError
-from stage_worker.worker import StageWorker, WorkerConfig, install_log_tag
+from stage_worker.etcd_registration import EtcdRegistration
+from stage_worker.worker import StageWorker, WorkerConfig, WorkerRejected, install_log_tag
 
 
-def parse_args(argv: Sequence[str] | None) -> WorkerConfig:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m stage_worker", description=__doc__)
-    p.add_argument("--controller", required=True, help="controller ROUTER address, tcp://HOST:PORT")
+    p.add_argument(
+        "--controller", default="", help="controller ROUTER address, tcp://HOST:PORT (local mode)"
+    )
+    p.add_argument("--etcd", default="", help="etcd HOST:PORT: find the controller there (cluster)")
+    p.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
+    p.add_argument(
+        "--advertise-host",
+        default="",
+        help="address other nodes reach this worker at (default: the route to the controller)",
+    )
+    p.add_argument(
+        "--controller-wait", type=float, default=600.0, help="seconds to wait for a controller"
+    )
     p.add_argument("--model", required=True, help="folder with config.json and *.safetensors")
     p.add_argument("--stage", type=int, default=-1, help="requested stage (-1: assigned)")
     p.add_argument("--tp-rank", type=int, default=-1, help="requested TP rank (-1: assigned)")
@@ -29,8 +48,15 @@ def parse_args(argv: Sequence[str] | None) -> WorkerConfig:
         help="send 1/TP of the activations per rank; the next stage all-gathers",
     )
     a = p.parse_args(argv)
+    if bool(a.controller) == bool(a.etcd):
+        p.error("give exactly one of --controller (local mode) and --etcd (cluster mode)")
+    return a
+
+
+def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
     return WorkerConfig(
-        controller=a.controller,
+        controller=controller,
+        advertise_host=a.advertise_host,
         model_dir=a.model,
         stage=a.stage,
         tp_rank=a.tp_rank,
@@ -49,15 +75,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(worker)s %(name)s: %(message)s"
     )
     install_log_tag()
+    args = parse_args(argv)
+    registration = None
     try:
-        config = parse_args(argv)
-        return StageWorker(config).run()
+        controller = args.controller
+        if args.etcd:
+            registration, controller = find_controller(args)
+        return StageWorker(config_from(args, controller)).run()
     except CheckpointError as err:
         print(f"stage_worker: bad checkpoint: {err}", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"stage_worker: error: {err}", file=sys.stderr)
         return 2
+    except (ConnectionError, TimeoutError, WorkerRejected) as err:
+        print(f"stage_worker: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if registration is not None:
+            registration.close()
+
+
+def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
+    """Registers in etcd under a lease and returns the controller's control address."""
+    model = os.path.basename(os.path.normpath(args.model))
+    registration = EtcdRegistration(
+        args.etcd,
+        args.cluster,
+        stage_pb2.WorkerRegistration(
+            worker_id=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            host=args.advertise_host or socket.gethostname(),
+            num_gpus=torch.cuda.device_count() if args.device.startswith("cuda") else 0,
+            model=model,
+            stage=args.stage,
+            tp_rank=args.tp_rank,
+        ),
+    )
+    endpoint = registration.start(args.controller_wait)
+    if endpoint.model and endpoint.model != model:
+        registration.close()
+        raise ValueError(f"this worker serves model {model!r}, the cluster {endpoint.model!r}")
+    return registration, endpoint.control_addr
 
 
 if __name__ == "__main__":

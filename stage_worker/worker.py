@@ -56,6 +56,9 @@ class WorkerConfig:
     controller: str
     """ZeroMQ address of the controller's ROUTER, e.g. tcp://10.0.0.1:5555."""
     model_dir: str
+    advertise_host: str = ""
+    """Address other nodes reach this worker at; empty: this host's address on the route to the
+    controller (hosts the torch.distributed rendezvous when this worker is stage 0 rank 0)."""
     stage: int = -1
     """Requested stage; -1 lets the controller assign it."""
     tp_rank: int = -1
@@ -82,6 +85,22 @@ class WorkerConfig:
             raise ValueError(f"attention={self.attention!r}: must be torch or flashinfer")
         if self.block_size_hint < 1:
             raise ValueError(f"block_size_hint={self.block_size_hint}: must be >= 1")
+
+
+class WorkerRejected(RuntimeError):
+    """The controller refused this worker (its place is taken, or its model differs)."""
+
+
+def route_address(zmq_addr: str) -> str:
+    """This host's IP on the route to a tcp:// address (no packet is sent: UDP connect only)."""
+    host = zmq_addr.removeprefix("tcp://").rsplit(":", 1)[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            address: str = probe.getsockname()[0]
+            return address
+    except OSError:
+        return socket.gethostname()
 
 
 class StageWorker:
@@ -131,7 +150,7 @@ class StageWorker:
             stage_pb2.WorkerMessage(
                 hello=stage_pb2.WorkerHello(
                     worker_id=self.worker_id,
-                    host=socket.gethostname(),
+                    host=cfg.advertise_host or route_address(cfg.controller),
                     stage=cfg.stage,
                     tp_rank=cfg.tp_rank,
                     model=os.path.basename(os.path.normpath(cfg.model_dir)),
@@ -146,6 +165,8 @@ class StageWorker:
                 return msg.assignment
             if msg.HasField("shutdown"):
                 raise SystemExit(0)
+            if msg.HasField("reject"):
+                raise WorkerRejected(f"the controller refused this worker: {msg.reject.reason}")
             logger.warning("ignoring %s before the assignment", msg.WhichOneof("body"))
 
     def _load(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:

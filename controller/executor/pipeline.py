@@ -159,6 +159,8 @@ class PipelineExecutor:
                 self._on_result(msg.result.batch_id, decode_result(msg.result))
             elif kind == "heartbeat":
                 self._on_heartbeat(msg.heartbeat)
+            elif kind == "hello":
+                await self._on_hello(identity, msg.hello)  # every place is taken: a Reject
             else:
                 info = self.slots.by_identity(identity)
                 log.warning("unexpected %s from %s while serving", kind, info and info.worker_id)

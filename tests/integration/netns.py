@@ -38,6 +38,8 @@ def netns_unavailable_reason() -> str | None:
 
 @dataclass
 class TestNetwork:
+    __test__ = False  # not a pytest test class
+
     host_names: list[str]
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     addresses: dict[str, str] = field(default_factory=dict)
