@@ -40,9 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for a prompt's chunk to leave the pipeline before sending its next one",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address of the gRPC API")
+    p.add_argument("--host", default="127.0.0.1", help="address of the gRPC and HTTP APIs")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument(
+        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+    )
     p.add_argument(
         "--control-addr", default="tcp://127.0.0.1:0", help="ZeroMQ address workers connect to"
     )
@@ -90,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             host=args.host,
             port=args.port,
             metrics_port=args.metrics_port,
+            http_port=args.http_port,
             control_addr=args.control_addr,
             dist_host=args.dist_host,
             dist_port=args.dist_port,

@@ -1,10 +1,15 @@
-"""Turning a GenerateRequest into the engine's request: validation that names the field."""
+"""Turning an API request into the engine's request: validation that names the field.
+
+Both public APIs (gRPC `Generate` and the OpenAI-compatible HTTP API) end in
+`build_generation_request`, so a request is refused for the same reasons, with the same field
+named, whichever door it came through.
+"""
 
 from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sarathi_proto import generate_pb2
@@ -23,6 +28,65 @@ class RequestLimits:
     eos_token_ids: frozenset[int]
 
 
+def check_prompt_token_ids(
+    prompt_ids: Sequence[int], limits: RequestLimits, field: str = "prompt_token_ids"
+) -> None:
+    """Refuses ids the model has no embedding for (the worker would index out of range)."""
+    bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            field, f"token id {bad[0]} is outside the vocabulary of {limits.vocab_size}"
+        )
+
+
+def build_generation_request(
+    prompt_ids: list[int],
+    limits: RequestLimits,
+    *,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    request_id: str = "",
+) -> GenerationRequest:
+    """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
+    means the server's default; seed None draws a fresh one."""
+    if not prompt_ids:
+        raise InvalidRequestError("prompt", "is empty")
+    if len(stop) > limits.max_stop_strings:
+        raise InvalidRequestError(
+            "stop", f"{len(stop)} stop strings; at most {limits.max_stop_strings} allowed"
+        )
+    for text in stop:
+        if not text:
+            raise InvalidRequestError("stop", "a stop string is empty")
+        if len(text) > limits.max_stop_string_chars:
+            raise InvalidRequestError(
+                "stop", f"a stop string is longer than {limits.max_stop_string_chars} characters"
+            )
+    if top_k < 0:
+        raise InvalidRequestError("top_k", f"must be >= 0, got {top_k}")
+    sampling = SamplingParams(  # validates temperature, top_p and seed, naming them
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=secrets.randbits(63) if seed is None else seed,
+    )
+    stop_ids = frozenset(stop_token_ids)
+    if not ignore_eos:
+        stop_ids |= limits.eos_token_ids
+    params = RequestParams(
+        max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,
+        stop_token_ids=stop_ids,
+        sampling=sampling,
+    )
+    return GenerationRequest(request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop))
+
+
 def to_generation_request(
     req: generate_pb2.GenerateRequest,
     limits: RequestLimits,
@@ -38,41 +102,18 @@ def to_generation_request(
         prompt_ids = encode(req.prompt, req.apply_chat_template)
     else:
         prompt_ids = list(req.prompt_token_ids)
-        bad = [t for t in prompt_ids if t >= limits.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                "prompt_token_ids",
-                f"token id {bad[0]} is outside the vocabulary of {limits.vocab_size}",
-            )
-    if not prompt_ids:
-        raise InvalidRequestError("prompt", "is empty")
-    if len(req.stop) > limits.max_stop_strings:
-        raise InvalidRequestError(
-            "stop", f"{len(req.stop)} stop strings; at most {limits.max_stop_strings} allowed"
-        )
-    for stop in req.stop:
-        if not stop:
-            raise InvalidRequestError("stop", "a stop string is empty")
-        if len(stop) > limits.max_stop_string_chars:
-            raise InvalidRequestError(
-                "stop", f"a stop string is longer than {limits.max_stop_string_chars} characters"
-            )
+        check_prompt_token_ids(prompt_ids, limits)
     s = req.sampling
-    if s.top_k < 0:
-        raise InvalidRequestError("top_k", f"must be >= 0, got {s.top_k}")
-    sampling = SamplingParams(
+    return build_generation_request(
+        prompt_ids,
+        limits,
+        max_tokens=req.max_tokens or None,  # proto3: 0 means unset
         temperature=s.temperature,
         top_p=s.top_p if s.top_p != 0.0 else 1.0,  # proto3: 0 means unset
         top_k=s.top_k,
-        seed=s.seed if s.HasField("seed") else secrets.randbits(63),
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(req.stop),
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        request_id=req.request_id,
     )
-    stop_ids = frozenset(req.stop_token_ids)
-    if not req.ignore_eos:
-        stop_ids |= limits.eos_token_ids
-    params = RequestParams(
-        max_tokens=req.max_tokens or limits.default_max_tokens,
-        stop_token_ids=stop_ids,
-        sampling=sampling,
-    )
-    request_id = req.request_id or uuid.uuid4().hex
-    return GenerationRequest(request_id, prompt_ids, params, tuple(req.stop))

@@ -19,6 +19,7 @@ from controller.engine import Engine, GenerationRequest
 from controller.executor.control_channel import ControlChannel
 from controller.executor.pipeline import PipelineExecutor
 from controller.metrics import ControllerMetrics
+from controller.openai_api import HttpApiServer, HttpApiState, start_http_server
 from controller.scheduler import CacheConfig, ConfigError, Scheduler
 from controller.server import GenerationService, mark_serving, start_grpc_server
 from controller.tokenizer import TextStream, Tokenizer
@@ -71,6 +72,13 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         config.server.host,
         port,
     )
+    http_state = HttpApiState(model_name)
+    http_server: HttpApiServer | None = None
+    if config.server.http_port:
+        http_server = await start_http_server(
+            http_state, config.server.host, config.server.http_port
+        )
+        log.info("OpenAI-compatible HTTP API on %s:%d", config.server.host, http_server.port)
     metrics = ControllerMetrics()
     if config.server.metrics_port:
         metrics.serve(config.server.metrics_port)
@@ -128,6 +136,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             eos_token_ids=frozenset(tokenizer.eos_token_ids),
         )
         service.attach(engine, pipeline, limits, tokenizer.encode_prompt)
+        http_state.attach(engine, limits, tokenizer)
         engine_task = asyncio.create_task(engine.run(), name="engine")
         mark_serving(health)
         log.info(
@@ -138,6 +147,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         await stop.wait()
     finally:
         log.info("shutting down")
+        if http_server is not None:
+            await http_server.stop()
         await server.stop(grace=1.0)
         await pipeline.shutdown()
         if membership is not None:

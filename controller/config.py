@@ -37,6 +37,8 @@ class ServerConfig:
     """gRPC port; 0 picks a free one (printed at start-up)."""
     metrics_port: int = 0
     """Prometheus /metrics port; 0 disables the endpoint."""
+    http_port: int = 0
+    """OpenAI-compatible HTTP API port (on `host`); 0 disables it."""
     control_addr: str = "tcp://127.0.0.1:0"
     """ZeroMQ address the workers connect to; port 0 picks a free one."""
     dist_host: str = ""
@@ -61,7 +63,7 @@ class ServerConfig:
     """How long to wait for every worker to register and load its weights."""
 
     def __post_init__(self) -> None:
-        for name in ("port", "metrics_port", "dist_port"):
+        for name in ("port", "metrics_port", "http_port", "dist_port"):
             value = getattr(self, name)
             if not 0 <= value < 65536:
                 raise ConfigError(name, value, "a TCP port in [0, 65535]")

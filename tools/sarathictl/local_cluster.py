@@ -54,6 +54,8 @@ class LocalClusterConfig:
     """Token budget per micro-batch."""
     port: int = 50051
     """gRPC port of the controller; 0 picks a free one."""
+    http_port: int | None = None
+    """OpenAI-compatible HTTP API port; None: no HTTP API; 0 picks a free one."""
     dtype: str = "float32"
     """Weights and activations on the workers."""
     threads_per_worker: int = 1
@@ -83,15 +85,23 @@ class LocalCluster:
     config: LocalClusterConfig
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     port: int = 0
+    http_port: int = 0
+    """The HTTP API's port once started; 0: no HTTP API."""
     log_dir: Path = field(default_factory=Path)
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def http_base_url(self) -> str:
+        """What the `openai` client takes as base_url."""
+        return f"http://127.0.0.1:{self.http_port}/v1"
+
     def start(self, timeout_s: float = 300.0) -> None:
         cfg = self.config
         self.port = cfg.port or free_port()
+        self.http_port = 0 if cfg.http_port is None else cfg.http_port or free_port()
         control = f"tcp://127.0.0.1:{free_port()}"
         self.log_dir = Path(cfg.log_dir or _temp_log_dir())
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +112,7 @@ class LocalCluster:
                 "-m", "controller", "--model", cfg.model_dir, "--pp", str(cfg.pp),
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
                 "--port", str(self.port), "--control-addr", control,
+                *(["--http-port", str(self.http_port)] if self.http_port else []),
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
                 *(["--max-num-seqs", str(cfg.max_num_seqs)] if cfg.max_num_seqs else []),
                 *cfg.extra_controller_args,

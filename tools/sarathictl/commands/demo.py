@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from sarathi_proto import generate_pb2
 
@@ -12,6 +14,9 @@ from sarathictl.client import Client
 from sarathictl.commands.status import render
 from sarathictl.commands.up import add_cluster_flags, cluster_config
 from sarathictl.local_cluster import LocalCluster
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PROMPTS = (
     "What is the capital of France?",
@@ -33,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.rule("sarathi-cluster demo")
     console.print(f"model: {args.model}; preparing it if needed (cached after the first run)")
-    config = cluster_config(args, port=0)
+    config = cluster_config(args, port=0, http_port=0)  # 0: free ports; the HTTP API is on
     console.print(
         f"starting a local cluster: controller + {config.pp} stages x {config.tp} TP ranks, "
         f"policy {config.policy}, budget {config.budget_tokens} tokens"
@@ -58,6 +63,34 @@ def run(args: argparse.Namespace) -> int:
                     f"\n[dim]({last.num_output_tokens} tokens, TTFT {last.ttft_s * 1e3:.0f} ms, "
                     f"mean TBT {last.mean_tbt_s * 1e3:.1f} ms)[/dim]\n"
                 )
+            openai_answer(console, cluster.http_base_url, args.max_tokens)
             console.print(render(client.status()))
     console.print("cluster stopped; every process has exited")
     return 0
+
+
+def openai_answer(console: Console, base_url: str, max_tokens: int) -> None:
+    """The same cluster through its OpenAI-compatible HTTP API, with the official client."""
+    try:
+        from openai import OpenAI
+    except ImportError:  # a dev dependency: `pip install -e '.[dev]'` brings it
+        console.print("[dim](install the `openai` package to see the HTTP API answer too)[/dim]")
+        return
+    for name in ("httpx", "httpx2"):  # the client logs every request at INFO: not for a demo
+        logging.getLogger(name).setLevel(logging.WARNING)
+    prompt = "Name one reason pipelines need many micro-batches."
+    console.print(f"[bold]user (openai client, {base_url})>[/bold] {prompt}")
+    client = OpenAI(base_url=base_url, api_key="unused", timeout=300)
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+    )
+    console.print(f"assistant> {reply.choices[0].message.content}")
+    if reply.usage is not None:
+        console.print(
+            f"[dim]({reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} "
+            f"completion tokens, finish reason {reply.choices[0].finish_reason})[/dim]\n"
+        )

@@ -31,7 +31,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
 
 
-def cluster_config(args: argparse.Namespace, port: int) -> LocalClusterConfig:
+def cluster_config(
+    args: argparse.Namespace, port: int, http_port: int | None = None
+) -> LocalClusterConfig:
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=args.pp,
@@ -39,6 +41,7 @@ def cluster_config(args: argparse.Namespace, port: int) -> LocalClusterConfig:
         policy=args.policy,
         budget_tokens=args.budget,
         port=port,
+        http_port=http_port,
         dtype=args.dtype,
         threads_per_worker=args.threads,
         kv_cache_bytes=args.kv_cache_mb << 20,
@@ -50,6 +53,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="start a cluster (local mode: processes on this machine)")
     p.add_argument("--local", action="store_true", required=True, help="local mode (required)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port of the controller")
+    p.add_argument(
+        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+    )
     add_cluster_flags(p)
     p.set_defaults(run=run)
 
@@ -58,14 +64,15 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = LocalCluster(cluster_config(args, args.port))
+    cluster = LocalCluster(cluster_config(args, args.port, args.http_port or None))
     print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
     try:
         cluster.start()
         print(
             f"serving on {cluster.addr} (logs in {cluster.log_dir}); Ctrl-C stops everything\n"
             f'  sarathictl generate --addr {cluster.addr} "Hello"\n'
-            f"  sarathictl status --addr {cluster.addr}",
+            f"  sarathictl status --addr {cluster.addr}"
+            + (f"\n  OpenAI-compatible API: {cluster.http_base_url}" if cluster.http_port else ""),
             file=sys.stderr,
         )
         while not stop.wait(0.5):

@@ -1,0 +1,78 @@
+"""Errors in OpenAI's JSON shape, so SDKs raise their usual exception classes.
+
+`{"error": {"message", "type", "param", "code"}}` with the HTTP status the SDK maps: 400 ->
+BadRequestError, 401 -> AuthenticationError, 404 -> NotFoundError, 429 -> RateLimitError,
+503 -> InternalServerError (retried by the SDK, as a pipeline that is down may come back).
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+from controller.scheduler import InvalidRequestError
+
+
+class ApiError(Exception):
+    """An error answer: raised anywhere in a handler, rendered by `error_response`."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid_request(err: InvalidRequestError) -> ApiError:
+    """400 with the field in both the message (as gRPC says it) and `param`."""
+    return ApiError(400, str(err), param=err.field)
+
+
+def bad_field(field: str, message: str) -> ApiError:
+    return invalid_request(InvalidRequestError(field, message))
+
+
+def not_ready() -> ApiError:
+    return ApiError(
+        503, "the pipeline is not ready", error_type="service_unavailable", code="not_ready"
+    )
+
+
+def queue_full() -> ApiError:
+    return ApiError(
+        429,
+        "the request queue is full; retry later",
+        error_type="rate_limit_error",
+        code="queue_full",
+    )
+
+
+def bad_api_key() -> ApiError:
+    return ApiError(
+        401,
+        "a missing or wrong API key: send `Authorization: Bearer <key>`",
+        code="invalid_api_key",
+    )
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.to_json(), status_code=err.status_code)

@@ -1,0 +1,89 @@
+"""OpenAI response bodies: whole answers, stream chunks and usage, as plain JSON-ready dicts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from controller.scheduler import FinishReason
+
+Kind = Literal["completion", "chat"]
+
+# OpenAI has no value for "aborted": the server dropped it (shutdown, or gRPC Abort by id).
+_FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+def finish_reason_name(reason: FinishReason) -> str:
+    return _FINISH_REASONS.get(reason, "abort")
+
+
+def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class ResponseIds:
+    """What every body or chunk of one response repeats."""
+
+    request_id: str
+    model: str
+    kind: Kind
+    created_s: int = field(default_factory=lambda: int(time.time()))
+
+    def header(self, *, chunk: bool) -> dict[str, object]:
+        if self.kind == "completion":
+            obj = "text_completion"
+        else:
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+        return {
+            "id": self.request_id,
+            "object": obj,
+            "created": self.created_s,
+            "model": self.model,
+        }
+
+
+def full_response(
+    ids: ResponseIds, text: str, finish_reason: str, usage_counts: dict[str, int]
+) -> dict[str, object]:
+    """A non-streamed answer."""
+    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if ids.kind == "completion":
+        choice["text"] = text
+    else:
+        choice["message"] = {"role": "assistant", "content": text}
+    return {**ids.header(chunk=False), "choices": [choice], "usage": usage_counts}
+
+
+def chunk(
+    ids: ResponseIds,
+    *,
+    text: str | None,
+    finish_reason: str | None = None,
+    role: bool = False,
+    include_usage: bool = False,
+) -> dict[str, object]:
+    """One streamed choice delta. role: the chat stream's first chunk, which names the speaker.
+    include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`."""
+    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if ids.kind == "completion":
+        choice["text"] = text or ""
+    else:
+        delta: dict[str, str] = {"role": "assistant"} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    body = {**ids.header(chunk=True), "choices": [choice]}
+    if include_usage:
+        body["usage"] = None
+    return body
+
+
+def usage_chunk(ids: ResponseIds, usage_counts: dict[str, int]) -> dict[str, object]:
+    """The last chunk when stream_options.include_usage is set: no choices, only usage."""
+    return {**ids.header(chunk=True), "choices": [], "usage": usage_counts}

@@ -1,0 +1,118 @@
+"""The Starlette application: routes, and the order of checks every generation request passes.
+
+auth (401) -> pipeline ready (503) -> body and field checks (400/404) -> admission (429) ->
+engine.add -> stream or wait. Nothing is queued unless every check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from controller.api_request import RequestLimits
+from controller.openai_api.errors import ApiError, error_response, invalid_request
+from controller.openai_api.responses import (
+    Kind,
+    ResponseIds,
+    finish_reason_name,
+    full_response,
+    usage,
+)
+from controller.openai_api.state import HttpApiState
+from controller.openai_api.streaming import collect, sse_stream
+from controller.openai_api.validation import ParsedRequest, parse_chat, parse_completion
+from controller.scheduler import InvalidRequestError
+from controller.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Parser = Callable[[object, str, RequestLimits, Tokenizer], ParsedRequest]
+_PARSERS: dict[Kind, Parser] = {"completion": parse_completion, "chat": parse_chat}
+
+
+def build_app(state: HttpApiState) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await _generate(state, request, "completion")
+
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(state, request, "chat")
+
+    async def models(request: Request) -> Response:
+        state.authenticate(request.headers.get("authorization"))
+        model = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created_s,
+            "owned_by": "sarathi-cluster",
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(request: Request) -> Response:
+        # Load balancers and Kubernetes probes: 200 only while requests can be served.
+        if not state.ready:
+            return error_response(ApiError(503, "the pipeline is not ready", code="not_ready"))
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            Exception: _unexpected_error,
+        },
+    )
+
+
+async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Response:
+    state.authenticate(request.headers.get("authorization"))
+    serving = state.require_serving()
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}") from err
+    parsed = _PARSERS[kind](body, state.model_name, serving.limits, serving.tokenizer)
+    state.admit()
+    try:
+        handle = serving.engine.add(parsed.generation)
+    except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
+        raise invalid_request(err) from err
+    ids = ResponseIds(handle.request_id, state.model_name, kind)
+    if parsed.stream:
+        return StreamingResponse(
+            sse_stream(ids, handle, serving.engine, request.receive, parsed.include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    text, last = await collect(handle, serving.engine, request.receive)
+    assert last.finish_reason is not None
+    counts = usage(last.num_prompt_tokens, last.num_output_tokens)
+    return JSONResponse(full_response(ids, text, finish_reason_name(last.finish_reason), counts))
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Unknown paths and wrong methods, in the same JSON shape as every other error.
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(ApiError(exc.status_code, message))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error answering %s %s", request.method, request.url.path)
+    return error_response(ApiError(500, "internal server error", error_type="server_error"))

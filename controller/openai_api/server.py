@@ -1,0 +1,75 @@
+"""uvicorn inside the controller's event loop, on a socket we bind ourselves (port 0 works)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from controller.openai_api.routes import build_app
+from controller.openai_api.state import HttpApiState
+
+log = logging.getLogger(__name__)
+
+# Streams still open at shutdown get this long to end before their tasks are cancelled.
+_GRACEFUL_SHUTDOWN_S = 1
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The controller owns SIGINT/SIGTERM (controller/app.py) and stops this server itself;
+        # uvicorn's own handlers would replace the controller's.
+        yield
+
+
+class HttpApiServer:
+    def __init__(self, state: HttpApiState, host: str, port: int) -> None:
+        self.state = state
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._socket.bind((host, port))
+        except OSError as err:
+            self._socket.close()
+            raise OSError(f"cannot bind the HTTP API to {host}:{port}: {err}") from err
+        self.host = host
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            build_app(state),
+            lifespan="off",
+            log_config=None,  # keep the controller's logging set-up as it is
+            access_log=False,
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve([self._socket]), name="http-api")
+        while not self._server.started:
+            if self._task.done():  # start-up failed: surface its exception
+                await self._task
+                raise OSError(f"the HTTP API on {self.host}:{self.port} did not start")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.state.detach()
+        if self._task is None:
+            self._socket.close()
+            return
+        self._server.should_exit = True
+        await self._task
+        self._socket.close()
+
+
+async def start_http_server(state: HttpApiState, host: str, port: int) -> HttpApiServer:
+    """Listening when this returns; requests get 503 until `state.attach`."""
+    server = HttpApiServer(state, host, port)
+    await server.start()
+    return server

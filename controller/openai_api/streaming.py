@@ -1,0 +1,115 @@
+"""Answers from a RequestHandle's events: server-sent events, or one body at the end.
+
+Both watch the connection while they wait: a client that goes away aborts its sequence at once
+(freeing its KV blocks at the next step), not when the next token would have been sent. That
+includes a client that times out a long non-streamed request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.types import Receive
+
+from controller.engine import RequestHandle, StreamEvent
+from controller.openai_api.responses import (
+    ResponseIds,
+    chunk,
+    finish_reason_name,
+    usage,
+    usage_chunk,
+)
+from controller.openai_api.state import EngineLike
+
+log = logging.getLogger(__name__)
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(body: dict[str, object]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the ASGI server reports the client gone (the body is already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class DisconnectWatch:
+    """Aborts a request when its client disconnects; close() once the answer is complete."""
+
+    def __init__(self, receive: Receive, engine: EngineLike, handle: RequestHandle) -> None:
+        self.engine = engine
+        self.handle = handle
+        self._task = asyncio.create_task(self._watch(receive), name=f"watch-{handle.request_id}")
+
+    async def _watch(self, receive: Receive) -> None:
+        await wait_for_disconnect(receive)
+        if not self.handle.finished:
+            log.info("client of %s went away: aborting it", self.handle.request_id)
+            self.engine.abort(self.handle.request_id)
+
+    @property
+    def disconnected(self) -> bool:
+        return self._task.done() and not self._task.cancelled()
+
+    def close(self) -> None:
+        """Stops watching; a request still running here was given up on: abort it."""
+        self._task.cancel()
+        if not self.handle.finished:
+            self.engine.abort(self.handle.request_id)
+
+
+async def collect(
+    handle: RequestHandle, engine: EngineLike, receive: Receive
+) -> tuple[str, StreamEvent]:
+    """Waits for the whole answer: (its text, the last event with finish reason and counts)."""
+    watch = DisconnectWatch(receive, engine, handle)
+    parts = []
+    try:
+        while True:
+            event = await handle.events.get()
+            parts.append(event.text)
+            if event.finish_reason is not None:
+                return "".join(parts), event
+    finally:
+        watch.close()
+
+
+async def sse_stream(
+    ids: ResponseIds,
+    handle: RequestHandle,
+    engine: EngineLike,
+    receive: Receive,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The request's chunks as SSE lines, then `data: [DONE]`. Cancelled (the response task
+    stopped) or closed early, the `finally` aborts the sequence."""
+    watch = DisconnectWatch(receive, engine, handle)
+    try:
+        if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
+            yield sse(chunk(ids, text="", role=True, include_usage=include_usage))
+        while True:
+            event = await handle.events.get()
+            if event.text:
+                yield sse(chunk(ids, text=event.text, include_usage=include_usage))
+            if event.finish_reason is None:
+                continue
+            if watch.disconnected:
+                return  # nobody is listening for the end
+            reason = finish_reason_name(event.finish_reason)
+            last_text = "" if ids.kind == "completion" else None
+            yield sse(chunk(ids, text=last_text, finish_reason=reason, include_usage=include_usage))
+            if include_usage:
+                counts = usage(event.num_prompt_tokens, event.num_output_tokens)
+                yield sse(usage_chunk(ids, counts))
+            yield SSE_DONE
+            return
+    finally:
+        watch.close()

@@ -1,0 +1,256 @@
+"""OpenAI request bodies -> the engine's GenerationRequest, refusing what we cannot honour.
+
+Field types and OpenAI-only fields are checked here; everything the gRPC API also has (prompt,
+max_tokens, sampling, stop strings) goes through controller/api_request.py's shared checks, so
+both APIs refuse a request for the same reason and name the same field. Fields we do not
+implement are accepted only at their no-op value (`n=1`, `echo=false`, ...): silently ignoring
+`n=2` would hand back fewer choices than asked for.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.api_request import (
+    RequestLimits,
+    build_generation_request,
+    check_prompt_token_ids,
+)
+from controller.engine import GenerationRequest
+from controller.openai_api.errors import ApiError, bad_field, invalid_request
+from controller.scheduler import InvalidRequestError
+from controller.tokenizer import Tokenizer
+
+# OpenAI's own default: sampling, not greedy (send temperature=0 for greedy).
+DEFAULT_TEMPERATURE = 1.0
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+# Field -> the values that mean "not used", the only ones accepted.
+_NO_OP_VALUES: dict[str, tuple[object, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    generation: GenerationRequest
+    stream: bool
+    include_usage: bool
+    """stream_options.include_usage: a last chunk with `usage` (streaming only)."""
+
+
+def parse_completion(
+    body: object, model_name: str, limits: RequestLimits, tokenizer: Tokenizer
+) -> ParsedRequest:
+    """A /v1/completions body; raises ApiError (400 naming the field, 404 for another model)."""
+    try:
+        return _parse_completion(body, model_name, limits, tokenizer)
+    except InvalidRequestError as err:  # the shared checks of controller/api_request.py
+        raise invalid_request(err) from err
+
+
+def parse_chat(
+    body: object, model_name: str, limits: RequestLimits, tokenizer: Tokenizer
+) -> ParsedRequest:
+    """A /v1/chat/completions body: messages rendered with the model's chat template."""
+    try:
+        return _parse_chat(body, model_name, limits, tokenizer)
+    except InvalidRequestError as err:
+        raise invalid_request(err) from err
+
+
+def _parse_completion(
+    body: object, model_name: str, limits: RequestLimits, tokenizer: Tokenizer
+) -> ParsedRequest:
+    fields = _common_checks(body, model_name)
+    prompt_ids = _completion_prompt_ids(fields.get("prompt"), limits, tokenizer)
+    max_tokens = _optional_int(fields, "max_tokens")
+    return _finish(fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl")
+
+
+def _parse_chat(
+    body: object, model_name: str, limits: RequestLimits, tokenizer: Tokenizer
+) -> ParsedRequest:
+    fields = _common_checks(body, model_name)
+    messages = _messages(fields.get("messages"))
+    try:
+        rendered = tokenizer.apply_chat_template(messages)
+    except InvalidRequestError as err:  # no template, or the template refused the messages
+        raise InvalidRequestError("messages", str(err).removeprefix(f"{err.field}: ")) from err
+    # The template already placed BOS and the role markers: add nothing more.
+    prompt_ids = tokenizer.encode(rendered, add_special_tokens=False)
+    # max_completion_tokens replaced max_tokens in OpenAI's chat API; both are still sent.
+    name = "max_tokens"
+    if fields.get("max_completion_tokens") is not None:
+        name = "max_completion_tokens"
+    return _finish(fields, prompt_ids, name, _optional_int(fields, name), limits, "chatcmpl")
+
+
+def _common_checks(body: object, model_name: str) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise ApiError(
+            404,
+            f"model: {model!r} is not served here; this server serves {model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    for name, allowed in _NO_OP_VALUES.items():
+        if name in body and body[name] not in allowed:
+            shown = " or ".join(repr(v) for v in allowed if v is not None)
+            raise bad_field(name, f"only {shown} is supported, got {body[name]!r}")
+    return body
+
+
+def _finish(
+    fields: Mapping[str, Any],
+    prompt_ids: list[int],
+    max_tokens_field: str,
+    max_tokens: int | None,
+    limits: RequestLimits,
+    id_prefix: str,
+) -> ParsedRequest:
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_field(max_tokens_field, f"must be >= 1, got {max_tokens}")
+    stream = _optional_bool(fields, "stream") or False
+    include_usage = _include_usage(fields.get("stream_options"), stream)
+    temperature = _optional_float(fields, "temperature")
+    top_p = _optional_float(fields, "top_p")
+    generation = build_generation_request(
+        prompt_ids,
+        limits,
+        max_tokens=max_tokens,
+        temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=_optional_int(fields, "top_k") or 0,  # vLLM's extension; 0 disables it
+        seed=_optional_int(fields, "seed"),
+        stop=_stop_strings(fields.get("stop")),
+        stop_token_ids=_token_ids(fields, "stop_token_ids", limits),
+        ignore_eos=_optional_bool(fields, "ignore_eos") or False,  # vLLM's extension
+        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+    )
+    return ParsedRequest(generation, stream, include_usage)
+
+
+def _completion_prompt_ids(
+    prompt: object, limits: RequestLimits, tokenizer: Tokenizer
+) -> list[int]:
+    # OpenAI accepts a string, token ids, or a batch of either; we serve one prompt per request.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        check_prompt_token_ids(prompt, limits, field="prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise bad_field("prompt", f"one prompt per request; got a batch of {len(prompt)}")
+    raise bad_field("prompt", "must be a string or a list of token ids")
+
+
+def _messages(value: object) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise bad_field("messages", "must be a non-empty list of {role, content} objects")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise bad_field(f"messages[{i}]", "must be an object with role and content")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise bad_field(f"messages[{i}].role", f"must be one of {sorted(CHAT_ROLES)}")
+        messages.append({"role": role, "content": _content(message.get("content"), i)})
+    return messages
+
+
+def _content(content: object, index: int) -> str:
+    if content is None:  # an assistant turn that only called tools
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: only text ones for a text model
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_field(f"messages[{index}].content", "only text parts are supported")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_field(f"messages[{index}].content", "a text part needs a string text")
+            texts.append(text)
+        return "".join(texts)
+    raise bad_field(f"messages[{index}].content", "must be a string or a list of text parts")
+
+
+def _include_usage(options: object, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not stream:
+        raise bad_field("stream_options", "only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise bad_field("stream_options", "must be an object")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise bad_field("stream_options.include_usage", "must be true or false")
+    return include
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise bad_field("stop", "must be a string or a list of strings")
+
+
+def _token_ids(fields: Mapping[str, Any], name: str, limits: RequestLimits) -> list[int]:
+    value = fields.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_is_int(t) for t in value):
+        raise bad_field(name, "must be a list of token ids")
+    check_prompt_token_ids(value, limits, field=name)
+    return list(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_int(fields: Mapping[str, Any], name: str) -> int | None:
+    value = fields.get(name)
+    if value is None or _is_int(value):
+        return value
+    raise bad_field(name, f"must be an integer, got {value!r}")
+
+
+def _optional_float(fields: Mapping[str, Any], name: str) -> float | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise bad_field(name, f"must be a number, got {value!r}")
+
+
+def _optional_bool(fields: Mapping[str, Any], name: str) -> bool | None:
+    value = fields.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise bad_field(name, f"must be true or false, got {value!r}")

@@ -1,0 +1,237 @@
+"""The OpenAI-compatible HTTP API of a real local cluster (controller + 2 stages) on a tiny random
+Llama, called with the official `openai` client, and checked against gRPC `Generate`.
+
+One cluster for the module (start-up costs seconds on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
+from sarathi_proto import generate_pb2, generate_pb2_grpc
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, free_port
+
+from controller.tokenizer import Tokenizer
+from tests.integration.cluster_factories import make_tiny_served_model
+
+pytestmark = pytest.mark.integration
+
+QUESTION_TEXT = "The capital of France"
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION_TEXT}]
+
+
+@dataclass
+class Served:
+    cluster: LocalCluster
+    model_dir: Path
+    metrics_port: int
+    client: OpenAI
+    grpc_stub: generate_pb2_grpc.GenerationStub
+
+    @property
+    def model(self) -> str:
+        return self.model_dir.name
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_dir(self.model_dir)
+
+    def status(self) -> generate_pb2.SchedulerStatus:
+        return self.grpc_stub.Status(generate_pb2.StatusRequest(), timeout=5).scheduler
+
+    def grpc_text(self, **fields: Any) -> tuple[str, generate_pb2.GenerateResponse]:
+        stream = list(self.grpc_stub.Generate(generate_pb2.GenerateRequest(**fields), timeout=120))
+        return "".join(r.text for r in stream), stream[-1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
+    metrics_port = free_port()
+    config = LocalClusterConfig(
+        model_dir=str(model_dir),
+        pp=2,
+        budget_tokens=64,
+        port=0,
+        http_port=0,
+        kv_cache_bytes=16 << 20,
+        log_dir=str(tmp_path_factory.mktemp("logs")),
+        extra_controller_args=("--metrics-port", str(metrics_port)),
+    )
+    cluster = LocalCluster(config)
+    cluster.start(timeout_s=240)
+    channel = grpc.insecure_channel(cluster.addr)
+    client = OpenAI(base_url=cluster.http_base_url, api_key="unused", timeout=120, max_retries=0)
+    try:
+        yield Served(
+            cluster, model_dir, metrics_port, client, generate_pb2_grpc.GenerationStub(channel)
+        )
+    finally:
+        client.close()
+        channel.close()
+        cluster.stop()
+
+
+def test_health_and_models(served: Served) -> None:
+    assert httpx.get(f"http://127.0.0.1:{served.cluster.http_port}/health").status_code == 200
+    assert [m.id for m in served.client.models.list().data] == [served.model]
+
+
+def test_chat_streamed_equals_non_streamed_equals_grpc_with_usage(served: Served) -> None:
+    args: dict[str, Any] = {
+        "model": served.model,
+        "messages": QUESTION,
+        "max_tokens": 24,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = served.client.chat.completions.create(**args)
+    stream = served.client.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    grpc_text, grpc_last = served.grpc_text(
+        prompt=QUESTION_TEXT, apply_chat_template=True, max_tokens=24, ignore_eos=True
+    )
+
+    text = whole.choices[0].message.content
+    assert text and len([c for c in chunks if c.choices]) > 3  # streamed in pieces
+    assert streamed == text == grpc_text
+    assert whole.choices[0].finish_reason == "length"
+    tokenizer = served.tokenizer
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(QUESTION), add_special_tokens=False)
+    assert whole.usage is not None and chunks[-1].usage is not None
+    assert whole.usage.prompt_tokens == len(prompt_ids) == grpc_last.num_prompt_tokens
+    assert whole.usage.completion_tokens == 24 == grpc_last.num_output_tokens
+    assert whole.usage.total_tokens == len(prompt_ids) + 24
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_completion_streamed_equals_non_streamed_equals_grpc_with_usage(served: Served) -> None:
+    prompt = "Chunked prefills split"
+    args: dict[str, Any] = {
+        "model": served.model,
+        "prompt": prompt,
+        "max_tokens": 20,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = served.client.completions.create(**args)
+    chunks = list(
+        served.client.completions.create(
+            **args, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    grpc_text, grpc_last = served.grpc_text(prompt=prompt, max_tokens=20, ignore_eos=True)
+
+    assert whole.choices[0].text
+    assert streamed == whole.choices[0].text == grpc_text
+    assert whole.usage is not None
+    assert whole.usage.prompt_tokens == len(served.tokenizer.encode(prompt))
+    assert whole.usage.prompt_tokens == grpc_last.num_prompt_tokens
+    assert whole.usage.completion_tokens == 20
+    assert (
+        chunks[-1].usage is not None and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    )
+
+
+def test_stop_string_ends_the_text_before_it(served: Served) -> None:
+    args: dict[str, Any] = {
+        "model": served.model,
+        "prompt": "Pipelines keep",
+        "max_tokens": 24,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    text = served.client.completions.create(**args).choices[0].text
+    stop = text[5:7]
+    assert stop  # the tiny model produced text to cut
+    stopped = served.client.completions.create(**args, stop=[stop]).choices[0]
+    assert stopped.text == text[: text.index(stop)]
+    assert stopped.finish_reason == "stop"
+
+
+def test_seed_makes_sampled_answers_repeatable(served: Served) -> None:
+    def sample(seed: int) -> str | None:
+        reply = served.client.chat.completions.create(
+            model=served.model, messages=QUESTION, max_tokens=16, temperature=1.0, seed=seed
+        )
+        return reply.choices[0].message.content
+
+    assert sample(1234) == sample(1234)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field_name"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 2}, "n"),
+        ({"max_tokens": 5000}, "max_tokens"),  # prompt + 5000 > max_model_len (1024)
+        ({"stop": [f"s{i}" for i in range(20)]}, "stop"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_bad_request_is_400_naming_the_field(
+    served: Served, fields: dict[str, Any], field_name: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        served.client.chat.completions.create(
+            **{"model": served.model, "messages": QUESTION, **fields}
+        )
+    assert err.value.status_code == 400
+    assert isinstance(err.value.body, dict)
+    assert err.value.body["param"] == field_name
+    assert field_name in err.value.body["message"]
+    assert served.status().num_waiting == 0  # nothing was queued
+
+
+def test_another_model_name_is_404(served: Served) -> None:
+    with pytest.raises(openai.NotFoundError):
+        served.client.completions.create(model="gpt-4o", prompt="hi", max_tokens=2)
+
+
+def _aborted_count(served: Served) -> float:
+    text = httpx.get(f"http://127.0.0.1:{served.metrics_port}/metrics").text
+    found = re.search(
+        r'^sarathi:request_success_total\{finished_reason="abort"\} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def test_closing_a_stream_early_frees_its_kv_blocks(served: Served) -> None:
+    aborted_before = _aborted_count(served)
+    stream = served.client.chat.completions.create(
+        model=served.model,
+        messages=QUESTION,
+        max_tokens=900,  # far more than can run before the checks below
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break  # the sequence is decoding and holds KV blocks now
+    assert served.status().kv_usage_pct > 0
+    stream.close()  # drops the HTTP connection mid-answer
+    deadline = time.monotonic() + 10
+    while True:
+        sched = served.status()
+        if sched.kv_usage_pct == 0 and sched.num_running == 0:
+            break
+        assert time.monotonic() < deadline, f"blocks still held: {sched}"
+        time.sleep(0.05)
+    assert _aborted_count(served) == aborted_before + 1  # ended by the abort, not by finishing

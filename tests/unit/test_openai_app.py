@@ -1,0 +1,274 @@
+"""The HTTP app in-process (no sockets) against a scripted engine: the JSON and SSE a client
+sees, OpenAI-shaped errors with their statuses, the 401/429 hooks, and that a client going away
+aborts its sequence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from controller.engine import GenerationRequest, RequestHandle, StreamEvent
+from controller.openai_api.routes import build_app
+from controller.openai_api.state import HttpApiState
+from controller.scheduler import FinishReason
+from tests.unit.test_openai_requests import MODEL, make_limits
+from tests.unit.test_tokenizer import make_tokenizer
+
+
+class NoText:
+    def push(self, token_id: int) -> tuple[str, bool]:
+        return "", False
+
+    def finish(self) -> str:
+        return ""
+
+
+@dataclass
+class ScriptedEngine:
+    """Every request streams `deltas`; the last one ends it with `finish` unless that is None
+    (a request that runs until aborted)."""
+
+    deltas: Sequence[str] = ("Hel", "lo", " world")
+    finish: FinishReason | None = FinishReason.LENGTH
+    added: list[GenerationRequest] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    handles: dict[str, RequestHandle] = field(default_factory=dict)
+
+    def add(self, request: GenerationRequest) -> RequestHandle:
+        self.added.append(request)
+        handle = RequestHandle(request.request_id, len(self.added), 0.0, NoText())
+        for i, text in enumerate(self.deltas):
+            last = i == len(self.deltas) - 1 and self.finish is not None
+            handle.events.put_nowait(
+                StreamEvent(
+                    text,
+                    [i],
+                    self.finish if last else None,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_output_tokens=len(self.deltas),
+                )
+            )
+        handle.finished = self.finish is not None
+        self.handles[request.request_id] = handle
+        return handle
+
+    def abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
+        handle = self.handles[request_id]
+        if not handle.finished:
+            handle.finished = True
+            handle.events.put_nowait(StreamEvent("", [], FinishReason.ABORT))
+        return True
+
+
+def make_state(engine: ScriptedEngine | None = None, **hooks: Any) -> HttpApiState:
+    state = HttpApiState(MODEL, **hooks)
+    if engine is not None:
+        tokenizer = make_tokenizer()
+        state.attach(engine, make_limits(tokenizer), tokenizer)
+    return state
+
+
+def sse_bodies(text: str) -> list[Any]:
+    """The `data:` payloads of an SSE body, JSON-decoded except the final [DONE]."""
+    lines = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_health_is_503_until_the_pipeline_serves() -> None:
+    state = make_state()
+    client = TestClient(build_app(state))
+    down = client.get("/health")
+    assert down.status_code == 503
+    assert down.json()["error"]["code"] == "not_ready"
+    state.attach(ScriptedEngine(), make_limits(make_tokenizer()), make_tokenizer())
+    assert client.get("/health").status_code == 200
+
+
+def test_generation_is_503_in_openai_shape_while_not_ready() -> None:
+    response = TestClient(build_app(make_state())).post(
+        "/v1/completions", json={"model": MODEL, "prompt": "the"}
+    )
+    assert response.status_code == 503
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_models_lists_the_served_model() -> None:
+    body = TestClient(build_app(make_state(ScriptedEngine()))).get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL]
+
+
+def test_non_streamed_completion_has_the_whole_text_and_usage() -> None:
+    engine = ScriptedEngine()
+    response = TestClient(build_app(make_state(engine))).post(
+        "/v1/completions", json={"model": MODEL, "prompt": "the Paris", "max_tokens": 3}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["choices"][0]["text"] == "Hello world"
+    assert body["choices"][0]["finish_reason"] == "length"
+    num_prompt = len(engine.added[0].prompt_token_ids)
+    assert body["usage"] == {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": 3,
+        "total_tokens": num_prompt + 3,
+    }
+    assert body["id"] == engine.added[0].request_id  # gRPC Abort can name it
+
+
+def test_non_streamed_chat_answers_as_the_assistant() -> None:
+    engine = ScriptedEngine(finish=FinishReason.STOP)
+    body = (
+        TestClient(build_app(make_state(engine)))
+        .post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        .json()
+    )
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello world"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_streamed_chat_names_the_speaker_then_deltas_then_usage_then_done() -> None:
+    engine = ScriptedEngine()
+    response = TestClient(build_app(make_state(engine))).post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_bodies(response.text)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "Hello world"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_streamed_completion_without_usage_has_no_usage_field() -> None:
+    response = TestClient(build_app(make_state(ScriptedEngine()))).post(
+        "/v1/completions", json={"prompt": "the", "stream": True}
+    )
+    chunks = sse_bodies(response.text)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello world"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in c for c in chunks)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_n_above_one_is_a_400_naming_n_and_queues_nothing(path: str) -> None:
+    engine = ScriptedEngine()
+    response = TestClient(build_app(make_state(engine))).post(
+        path, json={"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "n" and error["type"] == "invalid_request_error"
+    assert "n" in error["message"]
+    assert engine.added == []
+
+
+def test_a_body_that_is_not_json_is_a_400() -> None:
+    response = TestClient(build_app(make_state(ScriptedEngine()))).post(
+        "/v1/completions", content=b"{not json"
+    )
+    assert response.status_code == 400
+    assert "JSON" in response.json()["error"]["message"]
+
+
+def test_unknown_paths_answer_404_in_openai_shape() -> None:
+    response = TestClient(build_app(make_state(ScriptedEngine()))).get("/v1/embeddings")
+    assert response.status_code == 404
+    assert "/v1/embeddings" in response.json()["error"]["message"]
+
+
+def test_authentication_hook_refuses_a_missing_or_wrong_bearer_token() -> None:
+    engine = ScriptedEngine()
+    client = TestClient(build_app(make_state(engine, api_keys=frozenset({"sk-right"}))))
+    body = {"prompt": "the"}
+    assert client.post("/v1/completions", json=body).status_code == 401
+    wrong = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-x"})
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
+    assert client.get("/v1/models").status_code == 401
+    assert engine.added == []
+    right = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-right"})
+    assert right.status_code == 200
+
+
+def test_admission_hook_answers_429_and_queues_nothing() -> None:
+    engine = ScriptedEngine()
+    response = TestClient(build_app(make_state(engine, queue_full=lambda: True))).post(
+        "/v1/completions", json={"prompt": "the"}
+    )
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "queue_full"
+    assert engine.added == []
+
+
+async def call_and_disconnect(app: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Drives the ASGI app like a server whose client hangs up once the first body part (or
+    nothing, for a non-streamed request) has been sent."""
+    sent: list[dict[str, Any]] = []
+    hang_up = asyncio.Event()
+    request_read = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal request_read
+        if not request_read:
+            request_read = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            hang_up.set()
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"",
+        "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    task = asyncio.create_task(app(scope, receive, send))
+    if not body.get("stream"):
+        await asyncio.sleep(0.05)  # the request is queued and waiting for its answer
+        hang_up.set()
+    await asyncio.wait_for(task, 5)
+    return sent
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_aborts_its_sequence(stream: bool) -> None:
+    engine = ScriptedEngine(deltas=("a",), finish=None)  # would run until aborted
+    app = build_app(make_state(engine))
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    asyncio.run(call_and_disconnect(app, body))
+    assert engine.aborted == [engine.added[0].request_id]
+
+
+def test_http_port_outside_the_tcp_range_is_refused_naming_the_field() -> None:
+    from controller.config import ServerConfig
+    from controller.scheduler import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        ServerConfig(http_port=70000)
+    assert err.value.field == "http_port"
+    assert ServerConfig().http_port == 0  # off unless asked for

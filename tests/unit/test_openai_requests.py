@@ -1,0 +1,221 @@
+"""OpenAI request bodies -> GenerationRequest, without processes: what is accepted, what each
+field becomes, and that a refused request names its field exactly as gRPC would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sarathi_proto import generate_pb2
+
+from controller.api_request import RequestLimits, to_generation_request
+from controller.openai_api.errors import ApiError
+from controller.openai_api.validation import parse_chat, parse_completion
+from controller.scheduler import InvalidRequestError
+from controller.tokenizer import Tokenizer
+from tests.unit.test_tokenizer import make_tokenizer
+
+MODEL = "tiny"
+
+
+def make_limits(tokenizer: Tokenizer) -> RequestLimits:
+    assert tokenizer.eos_token_id is not None
+    return RequestLimits(
+        vocab_size=tokenizer.vocab_size,
+        default_max_tokens=16,
+        max_stop_strings=2,
+        max_stop_string_chars=8,
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+    )
+
+
+def completion(**fields: Any) -> Any:
+    tokenizer = make_tokenizer()
+    body = {"model": MODEL, "prompt": "the Paris", **fields}
+    return parse_completion(body, MODEL, make_limits(tokenizer), tokenizer)
+
+
+def chat(**fields: Any) -> Any:
+    tokenizer = make_tokenizer()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return parse_chat(body, MODEL, make_limits(tokenizer), tokenizer)
+
+
+def test_completion_prompt_is_tokenized_like_the_grpc_prompt() -> None:
+    tokenizer = make_tokenizer()
+    parsed = completion(prompt="the Paris 日本", max_tokens=5, temperature=0, seed=7)
+    grpc = to_generation_request(
+        generate_pb2.GenerateRequest(prompt="the Paris 日本"),
+        make_limits(tokenizer),
+        tokenizer.encode_prompt,
+    )
+    assert parsed.generation.prompt_token_ids == grpc.prompt_token_ids
+    params = parsed.generation.params
+    assert params.max_tokens == 5
+    assert params.sampling.temperature == 0.0 and params.sampling.seed == 7
+    assert params.stop_token_ids == frozenset({tokenizer.eos_token_id})
+    assert not parsed.stream and not parsed.include_usage
+    assert parsed.generation.request_id.startswith("cmpl-")
+
+
+def test_unset_fields_take_openai_defaults_and_the_servers_max_tokens() -> None:
+    params = completion().generation.params
+    assert params.sampling.temperature == 1.0  # OpenAI samples unless told temperature=0
+    assert params.sampling.top_p == 1.0
+    assert params.max_tokens == 16  # RequestLimits.default_max_tokens
+
+
+def test_token_id_prompts_and_one_element_batches_are_one_prompt() -> None:
+    assert completion(prompt=[5, 6, 7]).generation.prompt_token_ids == [5, 6, 7]
+    assert completion(prompt=[[5, 6]]).generation.prompt_token_ids == [5, 6]
+    assert (
+        completion(prompt=["the"]).generation.prompt_token_ids
+        == completion(prompt="the").generation.prompt_token_ids
+    )
+
+
+def test_chat_messages_go_through_the_chat_template() -> None:
+    tokenizer = make_tokenizer()
+    parts = [{"type": "text", "text": "the "}, {"type": "text", "text": "Paris"}]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": parts}]
+    parsed = chat(messages=messages)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the Paris"}]
+    )
+    assert rendered.endswith("<|im_start|>assistant\n")
+    assert parsed.generation.prompt_token_ids == tokenizer.encode(
+        rendered, add_special_tokens=False
+    )
+    assert parsed.generation.request_id.startswith("chatcmpl-")
+
+
+def test_a_single_user_message_matches_grpc_apply_chat_template() -> None:
+    tokenizer = make_tokenizer()
+    grpc = to_generation_request(
+        generate_pb2.GenerateRequest(prompt="hi", apply_chat_template=True),
+        make_limits(tokenizer),
+        tokenizer.encode_prompt,
+    )
+    assert chat().generation.prompt_token_ids == grpc.prompt_token_ids
+
+
+def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
+    tokenizer = make_tokenizer()
+    parsed = chat(
+        stream=True,
+        stream_options={"include_usage": True},
+        stop="\n\n",
+        ignore_eos=True,
+        top_k=3,
+        max_completion_tokens=9,
+    )
+    assert parsed.stream and parsed.include_usage
+    assert parsed.generation.stop == ("\n\n",)
+    assert tokenizer.eos_token_id not in parsed.generation.params.stop_token_ids
+    assert parsed.generation.params.sampling.top_k == 3
+    assert parsed.generation.params.max_tokens == 9
+
+
+@pytest.mark.parametrize(
+    ("fields", "field_name"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"stop": ["a", "b", "c"]}, "stop"),
+        ({"stop": "much too long"}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [1, 99999]}, "prompt"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": "yes"}, "stream"),
+        ({"echo": True}, "echo"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"best_of": 2}, "best_of"),
+        ({"stop_token_ids": [99999]}, "stop_token_ids"),
+    ],
+)
+def test_bad_completion_fields_get_400_naming_the_field(
+    fields: dict[str, Any], field_name: str
+) -> None:
+    with pytest.raises(ApiError) as err:
+        completion(**fields)
+    assert err.value.status_code == 400
+    assert err.value.param == field_name
+    assert err.value.message.startswith(f"{field_name}: ")
+
+
+@pytest.mark.parametrize(
+    ("fields", "field_name"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+        ),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+    ],
+)
+def test_bad_chat_fields_get_400_naming_the_field(fields: dict[str, Any], field_name: str) -> None:
+    with pytest.raises(ApiError) as err:
+        chat(**fields)
+    assert err.value.status_code == 400
+    assert err.value.param == field_name
+
+
+def test_a_model_without_chat_template_refuses_chat_naming_messages() -> None:
+    tokenizer = make_tokenizer(chat_template=None)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ApiError) as err:
+        parse_chat(body, MODEL, make_limits(tokenizer), tokenizer)
+    assert err.value.status_code == 400 and err.value.param == "messages"
+    assert "chat template" in err.value.message
+
+
+def test_another_model_name_is_404_naming_model() -> None:
+    with pytest.raises(ApiError) as err:
+        completion(model="gpt-4o")
+    assert err.value.status_code == 404 and err.value.param == "model"
+    assert "tiny" in err.value.message  # says what is served instead
+
+
+def test_a_body_that_is_not_an_object_is_400() -> None:
+    tokenizer = make_tokenizer()
+    with pytest.raises(ApiError) as err:
+        parse_completion(["prompt"], MODEL, make_limits(tokenizer), tokenizer)
+    assert err.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("http_fields", "sampling", "stop"),
+    [
+        ({"temperature": -1.0}, generate_pb2.SamplingParams(temperature=-1.0), []),
+        ({"top_p": 1.5}, generate_pb2.SamplingParams(top_p=1.5), []),
+        ({"top_k": -4}, generate_pb2.SamplingParams(top_k=-4), []),
+        ({"stop": ["a", "b", "c"]}, generate_pb2.SamplingParams(), ["a", "b", "c"]),
+    ],
+)
+def test_http_and_grpc_refuse_with_the_same_message(
+    http_fields: dict[str, Any], sampling: generate_pb2.SamplingParams, stop: list[str]
+) -> None:
+    tokenizer = make_tokenizer()
+    with pytest.raises(InvalidRequestError) as grpc_err:
+        to_generation_request(
+            generate_pb2.GenerateRequest(prompt="the", sampling=sampling, stop=stop),
+            make_limits(tokenizer),
+            tokenizer.encode_prompt,
+        )
+    with pytest.raises(ApiError) as http_err:
+        completion(prompt="the", **http_fields)
+    assert http_err.value.message == str(grpc_err.value)
+    assert http_err.value.param == grpc_err.value.field
