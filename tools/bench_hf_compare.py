@@ -1,0 +1,99 @@
+"""Side by side on this machine: our local pipeline against Hugging Face transformers' own
+continuous batching (`generate_batch`), same model, same prompts, same output lengths.
+
+A dev-time benchmark (it imports transformers, a test/bench dependency only):
+
+    .venv/bin/python tools/bench_hf_compare.py --model DIR --num-requests 32
+
+Every request arrives at once (an offline batch), so both sides are judged on throughput and on
+the P99 gap between tokens of one request. Ours runs PP=2 with one thread per stage worker; HF
+runs in one process with two threads: the same two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sarathictl.bench.live_load import PROMPT_ID_LIMIT, replay, scale_requests
+from sarathictl.bench.workloads import WorkloadSpec, make_requests
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+from controller.executor.simulated import SimRequest
+
+
+def _p99(values: list[float]) -> float:
+    return float(np.percentile(values, 99)) if values else float("nan")
+
+
+def run_ours(model: str, requests: list[SimRequest], seed: int, budget: int) -> dict[str, float]:
+    config = LocalClusterConfig(model_dir=model, pp=2, port=0, budget_tokens=budget)
+    with LocalCluster(config) as cluster:
+        asyncio.run(replay(cluster.addr, requests[:2], seed=seed + 1))  # warm-up
+        run = asyncio.run(replay(cluster.addr, requests, seed=seed))
+    gaps = [g for r in run.records for g in r.gaps_s]
+    tokens = sum(r.num_output_tokens for r in run.records)
+    return {
+        "output_tokens_per_s": tokens / (run.end_s - run.start_s),
+        "tbt_p50_s": statistics.median(gaps),
+        "tbt_p99_s": _p99(gaps),
+        "wall_s": run.end_s - run.start_s,
+        "errors": run.num_errors,
+    }
+
+
+def run_hf(model: str, requests: list[SimRequest], seed: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, PROMPT_ID_LIMIT, r.num_prompt_tokens).tolist() for r in requests]
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    # One output length for all (generate_batch takes one config): the workload makes it so.
+    max_new = requests[0].num_output_tokens
+    config = GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=-1)
+    hf.generate_batch(prompts[:2], generation_config=config, persistent_manager=True)  # warm-up
+    start = time.perf_counter()
+    out = hf.generate_batch(
+        prompts, generation_config=config, record_timestamps=True, persistent_manager=True
+    )
+    wall = time.perf_counter() - start
+    gaps = [b - a for o in out.values() for a, b in itertools.pairwise(o.timestamps)]
+    tokens = sum(len(o.generated_tokens) for o in out.values())
+    return {
+        "output_tokens_per_s": tokens / wall,
+        "tbt_p50_s": statistics.median(gaps),
+        "tbt_p99_s": _p99(gaps),
+        "wall_s": wall,
+        "errors": 0,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--trace", default="splitwise")
+    p.add_argument("--scale", type=float, default=0.25, help="prompt length scale")
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
+    trace = scale_requests(make_requests(spec, 1.0), args.scale, 0)
+    requests = [SimRequest(0.0, r.num_prompt_tokens, args.output_tokens) for r in trace]
+    ours = run_ours(args.model, requests, args.seed, args.budget)
+    hf = run_hf(args.model, requests, args.seed)
+    print(json.dumps({"model": Path(args.model).name, "requests": len(requests),
+                      "ours_pp2": ours, "hf_generate_batch": hf}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
