@@ -41,7 +41,7 @@ unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller tools/sarathictl
+	$(VENV)/bin/mypy controller stage_worker tools
 
 format: install
 	$(VENV)/bin/ruff check --fix .
