@@ -225,6 +225,35 @@ def test_reflection_lists_the_generation_service(cluster: RunningCluster) -> Non
     assert "sarathi.v1.Generation" in names and "grpc.health.v1.Health" in names
 
 
+def test_tune_budget_profiles_the_pipeline_and_writes_a_loadable_profile(
+    cluster: RunningCluster, tmp_path: Path
+) -> None:
+    import json
+
+    from controller.simulator.profile import MeasuredProfile
+
+    profile = tmp_path / "profile.csv"
+    run = subprocess.run(
+        [sys.executable, "-m", "sarathictl.cli", "tune-budget", "--addr", cluster.addr,
+         "--tbt-slo", "30", "--tile", "16", "--repeats", "1", "--profile-out", str(profile),
+         "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    # A generous SLO: the cluster's own budget (64) is the largest micro-batch it can form.
+    assert result["budget_tokens"] == 64
+    assert [r["num_tokens"] for r in result["rows"]] == [16, 32, 48, 64]
+    loaded = MeasuredProfile.from_csv(profile, num_stages=2)
+    assert all(loaded.stage_time_s(n, n) > 0 for n in (16, 64))  # tiny model: no monotony
+    impossible = subprocess.run(
+        [sys.executable, "-m", "sarathictl.cli", "tune-budget", "--addr", cluster.addr,
+         "--tbt-slo", "0.000001", "--tile", "16", "--repeats", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert impossible.returncode == 1 and "no micro-batch" in impossible.stdout
+
+
 def test_zz_sigterm_stops_every_process(cluster: RunningCluster) -> None:
     # Runs last in this module (name order): the shutdown a user gets from Ctrl-C or SIGTERM.
     assert len(_processes_using(str(cluster.model_dir))) >= 6  # up, controller, 4 workers

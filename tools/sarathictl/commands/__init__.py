@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from sarathictl.commands import bench, demo, generate, model, status, up
+from sarathictl.commands import bench, demo, generate, model, status, tune_budget, up
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -14,6 +14,7 @@ COMMANDS: list[Register] = [
     up.register,
     generate.register,
     status.register,
+    tune_budget.register,
     demo.register,
     bench.register,
     model.register,
