@@ -1,46 +1,20 @@
-"""A tiny servable model folder: random Llama weights (transformers' save_pretrained), a byte-level
-BPE tokenizer trained on a few sentences, and a chat template. Tests only."""
+"""A tiny servable model folder: random Llama weights (transformers' save_pretrained) and the
+benchmarks' byte-level BPE tokenizer with a chat template. Tests only."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+from sarathictl.bench.random_model import write_byte_tokenizer
 
 VOCAB_SIZE = 320  # the tokenizer uses 300 of them; the rest are never produced by it
-EOS = "<|endoftext|>"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-_CORPUS = [
-    "The capital of France is Paris. Pipelines keep every stage busy.",
-    "Chunked prefills split long prompts; decodes never stall behind them.",
-    "héllo wörld, naïve café: unicode text crosses token boundaries 東京 🚀",
-] * 20
 
 
 def make_tiny_served_model(out_dir: Path, seed: int = 0, num_layers: int = 4) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS, trainer)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    eos_id = tokenizer.token_to_id(EOS)
-    (out_dir / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": EOS, "chat_template": CHAT_TEMPLATE, "add_bos_token": False})
-    )
+    eos_id = write_byte_tokenizer(out_dir, vocab_size=300)
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
