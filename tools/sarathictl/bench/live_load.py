@@ -17,7 +17,7 @@ import numpy as np
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
 from controller.executor.simulated import SimRequest
-from sarathictl.bench.metrics import ServingMetrics
+from sarathictl.bench.metrics import ServingMetrics, serving_metrics
 
 # Random prompt ids are drawn below this so that any model's vocabulary holds them.
 PROMPT_ID_LIMIT = 200
@@ -49,31 +49,13 @@ class LiveRun:
 
     def metrics(self) -> ServingMetrics:
         ok = [r for r in self.records if not r.error]
-        arrival = np.array([r.arrival_s for r in ok])
-        ttft = np.array([r.first_token_s for r in ok]) - arrival
-        delay = np.array([r.scheduling_delay_s for r in ok])
-        gaps = np.array([g for r in ok for g in r.gaps_s])
-        duration = max(self.end_s - self.start_s, 1e-9)
-        utilization = tuple(min(1.0, busy / duration) for busy in self.stage_busy_s)
-        tokens = sum(r.num_prompt_tokens + r.num_output_tokens for r in ok)
-
-        def pct(values: np.ndarray, q: float) -> float:
-            return float(np.percentile(values, q)) if values.size else float("nan")
-
-        return ServingMetrics(
-            num_requests=len(ok),
-            ttft_p50_s=pct(ttft, 50),
-            ttft_p90_s=pct(ttft, 90),
-            ttft_p99_s=pct(ttft, 99),
-            tbt_p50_s=pct(gaps, 50),
-            tbt_p99_s=pct(gaps, 99),
-            scheduling_delay_p50_s=pct(delay, 50),
-            scheduling_delay_p99_s=pct(delay, 99),
-            throughput_rps=len(ok) / duration,
-            throughput_tokens_s=tokens / duration,
-            stage_utilization=utilization,
-            bubble_fraction=1.0 - float(np.mean(utilization)) if utilization else 0.0,
-            duration_s=duration,
+        return serving_metrics(
+            ttft_s=np.array([r.first_token_s - r.arrival_s for r in ok]),
+            scheduling_delay_s=np.array([r.scheduling_delay_s for r in ok]),
+            tbt_gaps_s=np.array([g for r in ok for g in r.gaps_s]),
+            duration_s=self.end_s - self.start_s,
+            stage_busy_s=self.stage_busy_s,
+            num_tokens=sum(r.num_prompt_tokens + r.num_output_tokens for r in ok),
             num_preemptions=self.num_preemptions,
             stopped_early=bool(self.num_errors),
         )
