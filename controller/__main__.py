@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from controller.admission import AdmissionConfig, WhileDown
 from controller.app import read_model_config, serve
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
@@ -65,7 +66,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--worker-start-timeout", type=float, default=300.0, help="seconds to wait for workers"
     )
+    add_reliability_flags(p)
     return p
+
+
+def add_reliability_flags(p: argparse.ArgumentParser) -> None:
+    defaults = AdmissionConfig()
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=defaults.max_queued_requests,
+        help="requests waiting for admission before new ones get RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
+        "--max-queued-prompt-tokens",
+        type=int,
+        default=defaults.max_queued_prompt_tokens,
+        help="prompt tokens waiting for admission before new requests are refused",
+    )
+    p.add_argument(
+        "--retry-after", type=float, default=defaults.retry_after_s, help="retry hint (s)"
+    )
+    p.add_argument(
+        "--while-down",
+        default=defaults.while_down.value,
+        choices=[w.value for w in WhileDown],
+        help="new requests while a stage is down: hold them, or fail them with UNAVAILABLE",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=5.0,
+        help="seconds before a silent worker counts as down",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="seconds without a completed step (requests waiting) before health is NOT_SERVING",
+    )
+    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API (TLS)")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--curve-secret-key-file", default="", help="ZeroMQ certificate: require CurveZMQ"
+    )
+    p.add_argument(
+        "--curve-client-keys-dir", default="", help="workers' public ZeroMQ certificates"
+    )
+    p.add_argument(
+        "--auth-token-file", default="", help="bearer tokens, one per line (gRPC and HTTP API)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
@@ -103,6 +153,19 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             advertise_host=args.advertise_host,
             default_max_tokens=args.default_max_tokens,
             worker_start_timeout_s=args.worker_start_timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            stall_timeout_s=args.stall_timeout,
+            tls_cert_file=args.tls_cert,
+            tls_key_file=args.tls_key,
+            auth_token_file=args.auth_token_file,
+            curve_secret_key_file=args.curve_secret_key_file,
+            curve_client_keys_dir=args.curve_client_keys_dir,
+        ),
+        admission=AdmissionConfig(
+            max_queued_requests=args.max_queued_requests,
+            max_queued_prompt_tokens=args.max_queued_prompt_tokens,
+            retry_after_s=args.retry_after,
+            while_down=WhileDown(args.while_down),
         ),
     )
 

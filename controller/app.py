@@ -17,10 +17,13 @@ from controller.cluster_membership import ControllerMembership
 from controller.config import ControllerConfig
 from controller.engine import Engine, GenerationRequest
 from controller.executor.control_channel import ControlChannel
+from controller.executor.curve import CurveServerKeys
 from controller.executor.pipeline import PipelineExecutor
+from controller.health_watch import watch_health
 from controller.metrics import ControllerMetrics
 from controller.openai_api import HttpApiServer, HttpApiState, start_http_server
 from controller.scheduler import CacheConfig, ConfigError, Scheduler
+from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
 from controller.tokenizer import TextStream, Tokenizer
 
@@ -66,13 +69,20 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
     model_name = Path(config.model_dir).name
 
     service = GenerationService(model_name)
-    server, port, health = await start_grpc_server(service, config.server.host, config.server.port)
+    tokens = read_tokens(config.server.auth_token_file)
+    server, port, health = await start_grpc_server(
+        service,
+        config.server.host,
+        config.server.port,
+        server_credentials(config.server.tls_cert_file, config.server.tls_key_file),
+        tokens,
+    )
     log.info(
         "gRPC API listening on %s:%d (not serving until the pipeline is up)",
         config.server.host,
         port,
     )
-    http_state = HttpApiState(model_name)
+    http_state = HttpApiState(model_name, api_keys=tokens)
     http_server: HttpApiServer | None = None
     if config.server.http_port:
         http_server = await start_http_server(
@@ -85,7 +95,12 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         log.info("Prometheus metrics on :%d/metrics", config.server.metrics_port)
 
     ctx = zmq.asyncio.Context()
-    channel = ControlChannel(ctx, config.server.control_addr)
+    curve = None
+    if config.server.curve_secret_key_file:
+        curve = CurveServerKeys(
+            config.server.curve_secret_key_file, config.server.curve_client_keys_dir
+        )
+    channel = ControlChannel(ctx, config.server.control_addr, curve)
     cluster_mode = bool(config.server.etcd)
     dist_port = config.server.dist_port or (29500 if cluster_mode else free_tcp_port("127.0.0.1"))
     pipeline = PipelineExecutor(
@@ -96,9 +111,13 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         dist_host=config.server.dist_host or ("" if cluster_mode else "127.0.0.1"),
         dist_port=dist_port,
         socket_ifname=config.server.socket_ifname,
+        heartbeat_timeout_s=config.server.heartbeat_timeout_s,
+        new_dist_port=None if cluster_mode else lambda: free_tcp_port("127.0.0.1"),
     )
     membership: ControllerMembership | None = None
     engine_task: asyncio.Task[None] | None = None
+    health_task: asyncio.Task[None] | None = None
+    engine: Engine | None = None
     try:
         if cluster_mode:
             membership = ControllerMembership(config.server.etcd, config.server.cluster)
@@ -126,7 +145,11 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             watermark=config.cache.watermark,
         )
         scheduler = Scheduler(config.scheduler, cache)
-        engine = Engine(scheduler, pipeline, make_text_stream, metrics)
+        engine = Engine(scheduler, pipeline, make_text_stream, metrics, admission=config.admission)
+        pipeline.on_down = lambda reason: log.warning(
+            "%d requests requeued for recompute", engine.on_pipeline_down() if engine else 0
+        )
+        pipeline.on_up = engine.on_pipeline_up
         await pipeline.begin_serving(num_blocks, cache.block_size, engine.on_result)
         limits = RequestLimits(
             vocab_size=vocab_size,
@@ -137,8 +160,16 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         )
         service.attach(engine, pipeline, limits, tokenizer.encode_prompt)
         http_state.attach(engine, limits, tokenizer)
+        http_state.queue_full = engine.queue_full
         engine_task = asyncio.create_task(engine.run(), name="engine")
-        mark_serving(health)
+
+        def publish(problem: str) -> None:
+            service.problem = problem
+            mark_serving(health, serving=not problem)
+
+        health_task = asyncio.create_task(
+            watch_health(engine, pipeline, config.server.stall_timeout_s, publish), name="health"
+        )
         log.info(
             "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
             model_name, config.parallel.pp, config.parallel.tp, num_blocks, cache.block_size,
@@ -147,6 +178,13 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         await stop.wait()
     finally:
         log.info("shutting down")
+        service.shutting_down = True
+        if engine is not None:  # open streams end with UNAVAILABLE, not a cut connection
+            for request_id in engine.running_request_ids():
+                engine.abort(request_id)
+            await asyncio.sleep(0.05)
+        if health_task is not None:
+            health_task.cancel()
         if http_server is not None:
             await http_server.stop()
         await server.stop(grace=1.0)

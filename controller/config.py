@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controller.admission import AdmissionConfig
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig
 
 
@@ -61,6 +62,22 @@ class ServerConfig:
     """Longest stop string accepted, in characters."""
     worker_start_timeout_s: float = 300.0
     """How long to wait for every worker to register and load its weights."""
+    heartbeat_timeout_s: float = 5.0
+    """A worker unheard of for this long is down: the pipeline is rebuilt."""
+    stall_timeout_s: float = 30.0
+    """Requests waiting or running and no step completed for this long: health NOT_SERVING."""
+    tls_cert_file: str = ""
+    """PEM certificate chain of the gRPC API; with tls_key_file, the API speaks only TLS."""
+    tls_key_file: str = ""
+    """PEM private key of tls_cert_file."""
+    curve_secret_key_file: str = ""
+    """ZeroMQ certificate with the controller's secret key: the control plane requires CurveZMQ
+    (with curve_client_keys_dir). Empty: plain TCP (trusted network only)."""
+    curve_client_keys_dir: str = ""
+    """Folder of the workers' public ZeroMQ certificates; only they may connect."""
+    auth_token_file: str = ""
+    """File with one bearer token per line; when set, every API call must carry
+    `authorization: Bearer <token>` (gRPC metadata, HTTP header)."""
 
     def __post_init__(self) -> None:
         for name in ("port", "metrics_port", "http_port", "dist_port"):
@@ -79,6 +96,18 @@ class ServerConfig:
             raise ConfigError("cluster", self.cluster, "a non-empty name without '/'")
         if self.worker_start_timeout_s <= 0:
             raise ConfigError("worker_start_timeout_s", self.worker_start_timeout_s, "positive")
+        if not 0.5 <= self.heartbeat_timeout_s <= 3600:
+            raise ConfigError("heartbeat_timeout_s", self.heartbeat_timeout_s, "in [0.5, 3600]")
+        if not 0.5 <= self.stall_timeout_s <= 86400:
+            raise ConfigError("stall_timeout_s", self.stall_timeout_s, "in [0.5, 86400]")
+        if bool(self.curve_secret_key_file) != bool(self.curve_client_keys_dir):
+            raise ConfigError(
+                "curve_client_keys_dir",
+                self.curve_client_keys_dir,
+                "set together with curve_secret_key_file",
+            )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_key_file", self.tls_key_file, "set together with tls_cert_file")
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,7 @@ class ControllerConfig:
     """block_size is used as is; num_blocks is replaced by the workers' minimum."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     def __post_init__(self) -> None:
         if not self.model_dir:

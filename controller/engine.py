@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from controller.admission import AdmissionConfig, check_admission
 from controller.metrics import ControllerMetrics
 from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
 from controller.telemetry import LatencyWindow
@@ -85,8 +86,10 @@ class Engine:
         metrics: ControllerMetrics | None = None,
         latency: LatencyWindow | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.admission = admission or AdmissionConfig()
         self.pipeline = pipeline
         self.make_text_stream = make_text_stream
         self.metrics = metrics
@@ -98,6 +101,10 @@ class Engine:
         self._next_seq_id = 1
         self._wake = asyncio.Event()
         self.num_steps = 0
+        self.pipeline_up = True
+        """False while a stage is down: nothing is scheduled until the pipeline is rebuilt."""
+        self.last_progress_time = self.started_at
+        """When a micro-batch last completed (or the engine last had nothing to do)."""
         self.overhead_s = 0.0
         """Controller time spent scheduling, encoding, sending and applying results."""
 
@@ -107,7 +114,16 @@ class Engine:
         be served, ValueError for a request id already running."""
         if request.request_id in self._by_request_id:
             raise ValueError(f"request_id {request.request_id!r} is already running")
+        check_admission(
+            self.admission,
+            self.scheduler.num_waiting,
+            self.scheduler.num_waiting_prompt_tokens,
+            len(request.prompt_token_ids),
+            self.pipeline_up,
+        )
         now = self.clock()
+        if not self.scheduler.has_unfinished:
+            self.last_progress_time = now  # the stall clock starts with the first request
         seq_id = self._next_seq_id
         self.scheduler.add_request(seq_id, request.prompt_token_ids, request.params, now)
         self._next_seq_id += 1
@@ -134,6 +150,7 @@ class Engine:
         """Applies a micro-batch's sampled tokens and streams them to their requests."""
         start = time.perf_counter()
         now = self.clock()
+        self.last_progress_time = now
         for seq in self.scheduler.on_result(batch_id, sampled, now):
             handle = self._handles.get(seq.seq_id)
             if handle is None:
@@ -200,6 +217,32 @@ class Engine:
             queue_s = (seq.first_scheduled_time or now) - seq.arrival_time
             self.metrics.on_finished(seq.finish_reason.value, queue_s)
 
+    def running_request_ids(self) -> list[str]:
+        return list(self._by_request_id)
+
+    def queue_full(self) -> bool:
+        """True when a new request would be refused for the number of requests queued."""
+        return self.scheduler.num_waiting >= self.admission.max_queued_requests
+
+    # ---- failures ---------------------------------------------------------------------------
+    def on_pipeline_down(self) -> int:
+        """A stage is gone: stop scheduling and requeue every admitted request for recompute
+        from its prompt plus the tokens already streamed. Returns how many were requeued."""
+        self.pipeline_up = False
+        return len(self.scheduler.reset_inflight())
+
+    def on_pipeline_up(self) -> None:
+        """The pipeline was rebuilt: schedule again (requeued requests first)."""
+        self.pipeline_up = True
+        self.last_progress_time = self.clock()
+        self._wake.set()
+
+    def stalled_for_s(self) -> float:
+        """Seconds without a completed micro-batch while requests wait or run; 0 when idle."""
+        if not self.scheduler.has_unfinished:
+            return 0.0
+        return max(0.0, self.clock() - self.last_progress_time)
+
     # ---- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
         # Sequences live long and are many: keep them out of the young GC generations.
@@ -215,7 +258,9 @@ class Engine:
         while True:
             self._wake.clear()
             start = time.perf_counter()
-            while (batch := self.scheduler.schedule(self.clock())) is not None:
+            if not self.scheduler.has_unfinished:
+                self.last_progress_time = self.clock()  # idle is not stalled
+            while self.pipeline_up and (batch := self.scheduler.schedule(self.clock())) is not None:
                 await self.pipeline.submit(batch)
                 self.num_steps += 1
             self.overhead_s += time.perf_counter() - start

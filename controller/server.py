@@ -12,9 +12,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
+from controller.admission import AdmissionError, QueueFullError
 from controller.api_request import RequestLimits, to_generation_request
 from controller.engine import Engine
 from controller.scheduler import FinishReason, InvalidRequestError
+from controller.security import BearerTokenInterceptor
 from controller.telemetry import percentile
 
 if TYPE_CHECKING:
@@ -41,6 +43,9 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         self.limits: RequestLimits | None = None
         self.encode: Callable[[str, bool], list[int]] | None = None
         self.started_at = time.monotonic()
+        self.problem = "the pipeline is not ready yet"
+        """Why the controller is not serving (set by the health watch); empty while serving."""
+        self.shutting_down = False
 
     def attach(
         self,
@@ -58,8 +63,21 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         if engine is None or self.limits is None or self.encode is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the pipeline is not ready yet")
             return
+        if self.shutting_down:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+            return
         try:
             handle = engine.add(to_generation_request(request, self.limits, self.encode))
+        except AdmissionError as err:
+            # The retry hint, in seconds, as HTTP's Retry-After; also in the message for people.
+            context.set_trailing_metadata((("retry-after", f"{err.retry_after_s:g}"),))
+            code = (
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+                if isinstance(err, QueueFullError)
+                else grpc.StatusCode.UNAVAILABLE
+            )
+            await context.abort(code, str(err))
+            return
         except InvalidRequestError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             return
@@ -72,6 +90,10 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                 response = generate_pb2.GenerateResponse(
                     request_id=handle.request_id, text=event.text, token_ids=event.token_ids
                 )
+                if event.finish_reason is FinishReason.ABORT and self.shutting_down:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"
+                    )
                 if event.finish_reason is not None:
                     response.finish_reason = _FINISH[event.finish_reason]
                     response.ttft_s = event.ttft_s
@@ -102,7 +124,10 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
 def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
     now = time.monotonic()
     status = generate_pb2.StatusResponse(
-        model=service.model_name, uptime_s=now - service.started_at
+        model=service.model_name,
+        uptime_s=now - service.started_at,
+        serving=not service.problem,
+        problem=service.problem,
     )
     engine, pipeline = service.engine, service.pipeline
     if engine is None or pipeline is None:
@@ -121,6 +146,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
         )
     )
     ratios = []
+    stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None
     for stage in pipeline.stages:
         utilization = stage.utilization(now, since=pipeline.started_at)
         ratios.append(utilization)
@@ -132,8 +158,10 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             bubble_pct=100.0 * (1.0 - utilization),
             step_time_p50_s=stage.step_time_p50_s(),
             micro_batches_in_flight=pipeline.inflight_on_stage(stage.stage),
-            up=True,
+            up=pipeline.up or len(stage.tp_ranks) == pipeline.parallel.tp,
             busy_s_total=stage.busy_s_total,
+            heartbeat_age_s=pipeline.heartbeat_age_s(stage.stage, now),
+            stalled=stage.stage == stalled_stage,
         )
     if engine.metrics:
         engine.metrics.on_stage_utilization(ratios)
@@ -151,10 +179,16 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
 
 
 async def start_grpc_server(
-    service: GenerationService, host: str, port: int
+    service: GenerationService,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+    tokens: frozenset[str] = frozenset(),
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
-    """Starts serving; health reports NOT_SERVING until mark_serving. Returns the bound port."""
-    server = grpc.aio.server()
+    """Starts serving; health reports NOT_SERVING until mark_serving. Returns the bound port.
+    With credentials the port speaks only TLS; with tokens every call but health must carry one."""
+    interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+    server = grpc.aio.server(interceptors=interceptors)
     generate_pb2_grpc.add_GenerationServicer_to_server(service, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -163,13 +197,22 @@ async def start_grpc_server(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if credentials is not None:
+        bound = server.add_secure_port(address, credentials)
+    else:
+        bound = server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot bind the gRPC API to {host}:{port}")
     await server.start()
     return server, bound, health_servicer
 
 
-def mark_serving(health_servicer: health.HealthServicer) -> None:
+def mark_serving(health_servicer: health.HealthServicer, serving: bool = True) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set(name, status)

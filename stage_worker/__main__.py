@@ -47,6 +47,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="send 1/TP of the activations per rank; the next stage all-gathers",
     )
+    p.add_argument(
+        "--controller-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a message from the controller before exiting to re-register",
+    )
+    p.add_argument(
+        "--curve-server-key-file", default="", help="controller's public ZeroMQ certificate"
+    )
+    p.add_argument("--curve-key-file", default="", help="this worker's secret ZeroMQ certificate")
     a = p.parse_args(argv)
     if bool(a.controller) == bool(a.etcd):
         p.error("give exactly one of --controller (local mode) and --etcd (cluster mode)")
@@ -67,6 +77,9 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         num_threads=a.num_threads,
         attention=a.attention,
         send_slices=a.send_slices,
+        controller_timeout_s=a.controller_timeout,
+        curve_server_key_file=a.curve_server_key_file,
+        curve_key_file=a.curve_key_file,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import zmq
+import zmq.auth  # CurveZMQ certificate files (text, no pickle)
 from sarathi_proto import stage_pb2
 
 from stage_worker.attention import make_backend
@@ -73,6 +74,13 @@ class WorkerConfig:
     attention: str = "torch"
     send_slices: bool = False
     """Each TP rank sends only its 1/tp of the activations; the next stage all-gathers."""
+    curve_server_key_file: str = ""
+    """The controller's public ZeroMQ certificate: connect with CurveZMQ (with curve_key_file)."""
+    curve_key_file: str = ""
+    """This worker's ZeroMQ certificate with its secret key."""
+    controller_timeout_s: float = 10.0
+    """While serving, a controller unheard of for this long is gone: exit, to be restarted
+    and to register with its successor (the controller pings about once a second)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -83,12 +91,26 @@ class WorkerConfig:
             raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes}: must be >= 0")
         if self.attention not in ("torch", "flashinfer"):
             raise ValueError(f"attention={self.attention!r}: must be torch or flashinfer")
+        if bool(self.curve_server_key_file) != bool(self.curve_key_file):
+            raise ValueError("curve_key_file: set together with curve_server_key_file")
+        if not 1.0 <= self.controller_timeout_s <= 3600.0:
+            raise ValueError(
+                f"controller_timeout_s={self.controller_timeout_s}: must be in [1, 3600]"
+            )
         if self.block_size_hint < 1:
             raise ValueError(f"block_size_hint={self.block_size_hint}: must be >= 1")
 
 
 class WorkerRejected(RuntimeError):
     """The controller refused this worker (its place is taken, or its model differs)."""
+
+
+class ControllerLost(ConnectionError):
+    """No message from the controller within controller_timeout_s while serving."""
+
+
+# Exit status of a worker whose pipeline broke (a peer died): its supervisor restarts it.
+EXIT_PIPELINE_BROKEN = 3
 
 
 def route_address(zmq_addr: str) -> str:
@@ -110,6 +132,12 @@ class StageWorker:
         self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 2000)
+        if config.curve_server_key_file:
+            server_public, _ = zmq.auth.load_certificate(config.curve_server_key_file)
+            public, secret = zmq.auth.load_certificate(config.curve_key_file)
+            self._sock.curve_serverkey = server_public
+            self._sock.curve_publickey = public
+            self._sock.curve_secretkey = secret
         self._sock.connect(config.controller)
         self._start_s = time.monotonic()
         self._busy_s_total = 0.0
@@ -239,18 +267,38 @@ class StageWorker:
         runner = StageRunner(model, cache, make_backend(cfg.attention, cfg.device))
         links = PipelineLinks(shard, tp_group, cfg.send_slices)
         try:
-            return self._serve(runner, links)
-        finally:
+            code = self._serve(runner, links)
+        except ControllerLost:
+            raise
+        except Exception:
+            # A peer died mid-step (gloo/NCCL error): torch.distributed cannot be trusted to
+            # clean up, so leave at once; the supervisor restarts this worker, which registers
+            # again and joins the rebuilt pipeline.
+            logger.exception("the pipeline broke; exiting to be restarted")
+            logging.shutdown()
+            os._exit(EXIT_PIPELINE_BROKEN)
+        try:
             links.wait_sends()
-            destroy_distributed()
+        except RuntimeError as err:  # the next stage is already gone
+            logger.warning("pending activation sends failed at shutdown: %s", err)
+        destroy_distributed()
+        return code
 
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:
         shard = runner.model.shard
+        last_heard_s = time.monotonic()
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
             if msg is None:
+                silent_s = time.monotonic() - last_heard_s
+                if silent_s > self.config.controller_timeout_s:
+                    raise ControllerLost(f"no message from the controller for {silent_s:.1f} s")
                 self._heartbeat(0.0)
+                continue
+            last_heard_s = time.monotonic()
+            if msg.HasField("ping"):
+                self._heartbeat(0.0)  # the answer that tells the controller this worker lives
                 continue
             if msg.HasField("shutdown"):
                 logger.info("shutdown after batch %d", self._last_batch_id)

@@ -8,6 +8,8 @@ import zmq
 import zmq.asyncio
 from sarathi_proto import stage_pb2
 
+from controller.executor.curve import CurveServerKeys, secure_router
+
 log = logging.getLogger(__name__)
 
 
@@ -18,10 +20,14 @@ class ControlChannel:
     worker that went away fail loudly instead of vanishing.
     """
 
-    def __init__(self, ctx: zmq.asyncio.Context, bind_addr: str) -> None:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, bind_addr: str, curve: CurveServerKeys | None = None
+    ) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # Security options must be set before bind.
+        self._auth = secure_router(ctx, self._sock, curve) if curve is not None else None
         if bind_addr.startswith("tcp://") and bind_addr.rsplit(":", 1)[1] == "0":
             host = bind_addr[len("tcp://") :].rsplit(":", 1)[0]
             port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -46,3 +52,5 @@ class ControlChannel:
 
     def close(self) -> None:
         self._sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()

@@ -17,6 +17,8 @@ class WorkerInfo:
     num_kv_blocks: int = 0
     param_bytes: int = 0
     ready: bool = False
+    last_seen_s: float = 0.0
+    """Monotonic time of the last message from this worker (any kind)."""
 
 
 class PipelineSlots:

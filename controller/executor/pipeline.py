@@ -4,6 +4,11 @@ Start-up follows stage.proto: every worker says hello and gets its place; once a
 their weights and reported their KV capacity, each gets the cluster minimum and serving starts.
 A plan goes to every worker of every stage at once; stages run plans in batch_id order, so the
 controller never has to time anything per stage.
+
+Failures: a worker unheard of for `heartbeat_timeout_s`, or one the socket can no longer reach,
+takes the pipeline down. Every other worker is told to exit (its supervisor restarts it), the
+engine requeues what was in flight, and the same start-up runs again; when all places are
+filled and ready, serving resumes with the same KV-cache size.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import zmq
 from sarathi_proto import stage_pb2
 
 from controller.config import ParallelConfig
@@ -25,6 +31,8 @@ from controller.telemetry import StageTelemetry
 log = logging.getLogger(__name__)
 
 ResultHandler = Callable[[int, dict[int, int]], None]
+# How often the watchdog looks at heartbeats and pings the workers.
+_WATCH_PERIOD_S = 0.5
 
 
 class PipelineExecutor:
@@ -36,26 +44,44 @@ class PipelineExecutor:
         dist_host: str,
         dist_port: int,
         socket_ifname: str = "",
+        heartbeat_timeout_s: float = 5.0,
+        new_dist_port: Callable[[], int] | None = None,
     ) -> None:
         """dist_host empty: the torch.distributed rendezvous is stage 0 rank 0's host (its rank
-        hosts the store), known once that worker has said hello."""
+        hosts the store), known once that worker has said hello. new_dist_port: a fresh
+        rendezvous port for each rebuild (local mode); None keeps dist_port."""
         self.channel = channel
         self.parallel = parallel
+        self.model = model
         self.slots = PipelineSlots(parallel.pp, parallel.tp, model)
         self.dist_host = dist_host
         self.dist_port = dist_port
         self.socket_ifname = socket_ifname
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.new_dist_port = new_dist_port
         self.stages = [StageTelemetry(stage=s) for s in range(parallel.pp)]
         self.started_at = time.monotonic()
         self.last_submitted_batch_id = 0
+        self.up = False
+        """True while every worker is present and serving."""
+        self.down_reason = "the pipeline is starting"
+        self.down_since_s = time.monotonic()
+        self.num_rebuilds = 0
+        self.num_kv_blocks = 0
+        self.block_size = 0
+        self.on_down: Callable[[str], None] = lambda reason: None
+        self.on_up: Callable[[], None] = lambda: None
         self._on_result: ResultHandler | None = None
-        self._receiver: asyncio.Task[None] | None = None
+        self._all_ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ---- start-up -------------------------------------------------------------------------
     async def start(self, timeout_s: float) -> int:
         """Waits for every worker to register and load; returns the KV blocks every worker uses."""
+        if not self._tasks:
+            self._tasks.append(asyncio.create_task(self._receive_loop(), name="pipeline-recv"))
         try:
-            return await asyncio.wait_for(self._handshake(), timeout_s)
+            await asyncio.wait_for(self._all_ready.wait(), timeout_s)
         except TimeoutError:
             missing = [
                 (s, r)
@@ -66,30 +92,7 @@ class PipelineExecutor:
             raise TimeoutError(
                 f"workers for (stage, rank) {missing} did not become ready within {timeout_s} s"
             ) from None
-
-    async def _handshake(self) -> int:
-        while True:
-            identity, msg = await self.channel.recv()
-            kind = msg.WhichOneof("body")
-            if kind == "hello":
-                await self._on_hello(identity, msg.hello)
-            elif kind == "ready":
-                info = self.slots.by_identity(identity)
-                if info is None:
-                    log.warning("ready from an unknown worker; ignored")
-                    continue
-                info.ready = True
-                info.num_kv_blocks = msg.ready.num_kv_blocks
-                info.param_bytes = msg.ready.param_bytes
-                log.info(
-                    "worker %s (stage %d rank %d on %s) ready: %d KV blocks, %.1f MB of weights",
-                    info.worker_id, info.stage, info.tp_rank, info.host,
-                    info.num_kv_blocks, info.param_bytes / 1e6,
-                )  # fmt: skip
-                if self.slots.full and all(w.ready for w in self.slots.workers.values()):
-                    return min(w.num_kv_blocks for w in self.slots.workers.values())
-            else:
-                log.debug("ignoring %s before start-up finished", kind)
+        return min(w.num_kv_blocks for w in self.slots.workers.values())
 
     async def _on_hello(self, identity: bytes, hello: stage_pb2.WorkerHello) -> None:
         try:
@@ -97,8 +100,9 @@ class PipelineExecutor:
         except ValueError as err:
             log.error("refusing worker %s from %s: %s", hello.worker_id, hello.host, err)
             reject = stage_pb2.ControllerMessage(reject=stage_pb2.Reject(reason=str(err)))
-            await self.channel.send(identity, reject)
+            await self._send_quietly(identity, reject)
             return
+        info.last_seen_s = time.monotonic()
         stage = self.stages[info.stage]
         stage.tp_ranks.add(info.tp_rank)
         if info.tp_rank == 0:
@@ -125,45 +129,144 @@ class PipelineExecutor:
             dist_init_method=f"tcp://{dist_host}:{self.dist_port}",
             socket_ifname=self.socket_ifname,
         )
-        await self.channel.send(info.identity, stage_pb2.ControllerMessage(assignment=assignment))
+        await self._send_quietly(info.identity, stage_pb2.ControllerMessage(assignment=assignment))
+
+    async def _on_ready(self, identity: bytes, ready: stage_pb2.WorkerReady) -> None:
+        info = self.slots.by_identity(identity)
+        if info is None:
+            log.warning("ready from an unknown worker; ignored")
+            return
+        info.ready = True
+        info.num_kv_blocks = ready.num_kv_blocks
+        info.param_bytes = ready.param_bytes
+        log.info(
+            "worker %s (stage %d rank %d on %s) ready: %d KV blocks, %.1f MB of weights",
+            info.worker_id, info.stage, info.tp_rank, info.host,
+            info.num_kv_blocks, info.param_bytes / 1e6,
+        )  # fmt: skip
+        if not (self.slots.full and all(w.ready for w in self.slots.workers.values())):
+            return
+        self._all_ready.set()
+        if self._on_result is not None:  # a rebuild, not the first start-up
+            await self._resume()
 
     async def begin_serving(
         self, num_kv_blocks: int, block_size: int, on_result: ResultHandler
     ) -> None:
         """Tells every worker to allocate its cache, then starts delivering results."""
         self._on_result = on_result
+        self.num_kv_blocks, self.block_size = num_kv_blocks, block_size
+        await self._send_cache()
+        self.started_at = time.monotonic()
+        self.up, self.down_reason = True, ""
+        self._tasks.append(asyncio.create_task(self._watch(), name="pipeline-watchdog"))
+
+    async def _send_cache(self) -> None:
         cache = stage_pb2.ControllerMessage(
-            cache=stage_pb2.CacheAssignment(num_kv_blocks=num_kv_blocks, block_size=block_size)
+            cache=stage_pb2.CacheAssignment(
+                num_kv_blocks=self.num_kv_blocks, block_size=self.block_size
+            )
         )
         for info in self.slots.workers.values():
-            await self.channel.send(info.identity, cache)
-        self.started_at = time.monotonic()
-        self._receiver = asyncio.create_task(self._receive_loop(), name="pipeline-receiver")
+            await self._send_quietly(info.identity, cache)
+
+    # ---- failure and rebuild --------------------------------------------------------------
+    async def fail(self, reason: str) -> None:
+        """Takes the pipeline down: every worker is told to exit and a new start-up begins."""
+        if not self.up:
+            return
+        log.error("pipeline down: %s; rebuilding", reason)
+        self.up, self.down_reason, self.down_since_s = False, reason, time.monotonic()
+        self.on_down(reason)
+        old = list(self.slots.workers.values())
+        self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
+        self._all_ready.clear()
+        for stage in self.stages:
+            stage.tp_ranks.clear()
+            stage.last_batch_id = self.last_submitted_batch_id  # lost batches are not in flight
+        if self.new_dist_port is not None:
+            self.dist_port = self.new_dist_port()
+        bye = stage_pb2.ControllerMessage(shutdown=True)
+        for info in old:
+            await self._send_quietly(info.identity, bye)
+
+    async def _resume(self) -> None:
+        smallest = min(w.num_kv_blocks for w in self.slots.workers.values())
+        if smallest < self.num_kv_blocks:
+            log.warning(
+                "rebuilt workers report %d KV blocks, fewer than the %d in use; keeping %d",
+                smallest, self.num_kv_blocks, self.num_kv_blocks,
+            )  # fmt: skip
+        await self._send_cache()
+        self.num_rebuilds += 1
+        log.info(
+            "pipeline rebuilt (#%d) after %.2f s down; serving again",
+            self.num_rebuilds,
+            time.monotonic() - self.down_since_s,
+        )
+        self.up, self.down_reason = True, ""
+        self.on_up()
+
+    async def _watch(self) -> None:
+        ping = stage_pb2.ControllerMessage(ping=True).SerializeToString()
+        while True:
+            await asyncio.sleep(_WATCH_PERIOD_S)
+            if not self.up:
+                continue
+            now = time.monotonic()
+            for info in list(self.slots.workers.values()):
+                silent_s = now - info.last_seen_s
+                if silent_s > self.heartbeat_timeout_s:
+                    await self.fail(
+                        f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) sent no "
+                        f"heartbeat for {silent_s:.1f} s"
+                    )
+                    break
+                try:
+                    await self.channel.send_bytes(info.identity, ping)
+                except zmq.ZMQError as err:
+                    await self.fail(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
+                    break
 
     # ---- serving --------------------------------------------------------------------------
     async def submit(self, batch: MicroBatch) -> None:
-        """Sends one micro-batch to every worker; only stage 0 gets the token ids."""
+        """Sends one micro-batch to every worker; only stage 0 gets the token ids. While the
+        pipeline is down the batch is dropped: the engine requeued its sequences."""
+        if not self.up:
+            return
         first = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=True))
         rest = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=False))
         first_bytes, rest_bytes = first.SerializeToString(), rest.SerializeToString()
-        for (stage, _), info in self.slots.workers.items():
-            await self.channel.send_bytes(info.identity, first_bytes if stage == 0 else rest_bytes)
         self.last_submitted_batch_id = batch.batch_id
+        for (stage, rank), info in list(self.slots.workers.items()):
+            try:
+                await self.channel.send_bytes(
+                    info.identity, first_bytes if stage == 0 else rest_bytes
+                )
+            except zmq.ZMQError as err:  # the worker's socket is gone: it died
+                await self.fail(f"stage {stage} rank {rank} unreachable: {err}")
+                return
 
     async def _receive_loop(self) -> None:
         while True:
             identity, msg = await self.channel.recv()
+            info = self.slots.by_identity(identity)
+            if info is not None:
+                info.last_seen_s = time.monotonic()
             kind = msg.WhichOneof("body")
             if kind == "result":
-                assert self._on_result is not None
-                self._on_result(msg.result.batch_id, decode_result(msg.result))
+                # Results of workers from before a rebuild belong to batches already requeued.
+                if self.up and info is not None and self._on_result is not None:
+                    self._on_result(msg.result.batch_id, decode_result(msg.result))
             elif kind == "heartbeat":
-                self._on_heartbeat(msg.heartbeat)
+                if info is not None:
+                    self._on_heartbeat(msg.heartbeat)
             elif kind == "hello":
-                await self._on_hello(identity, msg.hello)  # every place is taken: a Reject
+                await self._on_hello(identity, msg.hello)  # a Reject when every place is taken
+            elif kind == "ready":
+                await self._on_ready(identity, msg.ready)
             else:
-                info = self.slots.by_identity(identity)
-                log.warning("unexpected %s from %s while serving", kind, info and info.worker_id)
+                log.warning("unexpected %s from %s", kind, info and info.worker_id)
 
     def _on_heartbeat(self, hb: stage_pb2.Heartbeat) -> None:
         if hb.tp_rank != 0 or hb.stage >= len(self.stages):
@@ -175,15 +278,31 @@ class PipelineExecutor:
     def inflight_on_stage(self, stage: int) -> int:
         return max(0, self.last_submitted_batch_id - self.stages[stage].last_batch_id)
 
+    def heartbeat_age_s(self, stage: int, now: float) -> float:
+        """Seconds since the stage's quietest worker was last heard from."""
+        seen = [w.last_seen_s for (s, _), w in self.slots.workers.items() if s == stage]
+        return now - min(seen) if seen else now - self.down_since_s
+
+    def lagging_stage(self) -> int | None:
+        """The first stage that has not finished the last submitted micro-batch: stages run in
+        order, so it holds the oldest unfinished one."""
+        for stage in range(self.parallel.pp):
+            if self.inflight_on_stage(stage) > 0:
+                return stage
+        return None
+
+    async def _send_quietly(self, identity: bytes, msg: stage_pb2.ControllerMessage) -> None:
+        try:
+            await asyncio.wait_for(self.channel.send(identity, msg), 1.0)
+        except (zmq.ZMQError, TimeoutError) as err:  # a worker that is already gone
+            log.debug("send to a worker failed: %s", err)
+
     async def shutdown(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
+        for task in self._tasks:
+            task.cancel()
         bye = stage_pb2.ControllerMessage(shutdown=True)
         for info in list(self.slots.workers.values()):
-            try:
-                await asyncio.wait_for(self.channel.send(info.identity, bye), 1.0)
-            except Exception as err:  # a worker that is already gone
-                log.debug("shutdown to %s failed: %s", info.worker_id, err)
+            await self._send_quietly(info.identity, bye)
 
     @property
     def workers(self) -> list[WorkerInfo]:

@@ -16,8 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from controller.admission import PipelineDownError, QueueFullError
 from controller.api_request import RequestLimits
-from controller.openai_api.errors import ApiError, error_response, invalid_request
+from controller.openai_api.errors import (
+    ApiError,
+    error_response,
+    invalid_request,
+    not_ready,
+    queue_full,
+)
 from controller.openai_api.responses import (
     Kind,
     ResponseIds,
@@ -86,6 +93,10 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     state.admit()
     try:
         handle = serving.engine.add(parsed.generation)
+    except QueueFullError as err:
+        raise queue_full() from err
+    except PipelineDownError as err:
+        raise not_ready() from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
         raise invalid_request(err) from err
     ids = ResponseIds(handle.request_id, state.model_name, kind)

@@ -129,6 +129,28 @@ class Scheduler:
             updated.append(seq)
         return updated
 
+    def reset_inflight(self) -> list[Sequence]:
+        """The pipeline was rebuilt: every micro-batch in flight is lost and the new workers hold
+        no sequence state. Every admitted sequence goes back to the queue to be recomputed from
+        its prompt plus the tokens it already produced (nothing sampled is lost or repeated).
+        Returns the sequences sent back, oldest arrival first."""
+        self._inflight.clear()
+        self._finished_since_last_batch = []
+        requeued = sorted(self.running.values(), key=lambda s: (s.arrival_time, s.seq_id))
+        for seq in reversed(requeued):  # appendleft: the oldest ends up first in the queue
+            seq.num_inflight_batches = 0
+            self._preempt(seq)
+        for seq in self.waiting:
+            seq.needs_worker_state = True
+        # Preempted ids were queued for the old workers; the new ones never saw them.
+        self._finished_since_last_batch = []
+        return requeued
+
+    @property
+    def num_waiting_prompt_tokens(self) -> int:
+        """Tokens the queued sequences will prefill (prompt plus output kept for recompute)."""
+        return sum(seq.num_tokens for seq in self.waiting)
+
     def take_finished_seq_ids(self) -> list[int]:
         """Sequences the workers may forget, for an engine that flushes them while idle."""
         ids, self._finished_since_last_batch = self._finished_since_last_batch, []

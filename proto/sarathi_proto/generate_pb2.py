@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csarathi_proto/generate.proto\x12\nsarathi.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xe8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.sarathi.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x1b\n\x13\x61pply_chat_template\x18\t \x01(\x08\"\xee\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.sarathi.v1.FinishReason\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\x12\n\nmean_tbt_s\x18\x06 \x01(\x01\x12\x19\n\x11num_prompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x08 \x01(\r\x12\x1a\n\x12scheduling_delay_s\x18\t \x01(\x01\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xc5\x01\n\x0bStageStatus\x12\r\n\x05stage\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08tp_ranks\x18\x03 \x03(\r\x12\x17\n\x0futilization_pct\x18\x04 \x01(\x01\x12\x12\n\nbubble_pct\x18\x05 \x01(\x01\x12\x17\n\x0fstep_time_p50_s\x18\x06 \x01(\x01\x12\x1f\n\x17micro_batches_in_flight\x18\x07 \x01(\r\x12\n\n\x02up\x18\x08 \x01(\x08\x12\x14\n\x0c\x62usy_s_total\x18\t \x01(\x01\"\xc2\x01\n\x0fSchedulerStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rbudget_tokens\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0ckv_usage_pct\x18\x05 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x16\n\x0epipeline_depth\x18\x07 \x01(\r\x12\x17\n\x0ftensor_parallel\x18\x08 \x01(\r\"]\n\rLatencyStatus\x12\x12\n\nttft_p50_s\x18\x01 \x01(\x01\x12\x12\n\nttft_p99_s\x18\x02 \x01(\x01\x12\x11\n\ttbt_p50_s\x18\x03 \x01(\x01\x12\x11\n\ttbt_p99_s\x18\x04 \x01(\x01\"\xd7\x01\n\x0eStatusResponse\x12\'\n\x06stages\x18\x01 \x03(\x0b\x32\x17.sarathi.v1.StageStatus\x12.\n\tscheduler\x18\x02 \x01(\x0b\x32\x1b.sarathi.v1.SchedulerStatus\x12*\n\x07latency\x18\x03 \x01(\x0b\x32\x19.sarathi.v1.LatencyStatus\x12\x1f\n\x17throughput_tokens_per_s\x18\x04 \x01(\x01\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd4\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.sarathi.v1.GenerateRequest\x1a\x1c.sarathi.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.sarathi.v1.AbortRequest\x1a\x19.sarathi.v1.AbortResponse\x12?\n\x06Status\x12\x19.sarathi.v1.StatusRequest\x1a\x1a.sarathi.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csarathi_proto/generate.proto\x12\nsarathi.v1\"_\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xe8\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.sarathi.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x1b\n\x13\x61pply_chat_template\x18\t \x01(\x08\"\xee\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.sarathi.v1.FinishReason\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\x12\n\nmean_tbt_s\x18\x06 \x01(\x01\x12\x19\n\x11num_prompt_tokens\x18\x07 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x08 \x01(\r\x12\x1a\n\x12scheduling_delay_s\x18\t \x01(\x01\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xef\x01\n\x0bStageStatus\x12\r\n\x05stage\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08tp_ranks\x18\x03 \x03(\r\x12\x17\n\x0futilization_pct\x18\x04 \x01(\x01\x12\x12\n\nbubble_pct\x18\x05 \x01(\x01\x12\x17\n\x0fstep_time_p50_s\x18\x06 \x01(\x01\x12\x1f\n\x17micro_batches_in_flight\x18\x07 \x01(\r\x12\n\n\x02up\x18\x08 \x01(\x08\x12\x14\n\x0c\x62usy_s_total\x18\t \x01(\x01\x12\x17\n\x0fheartbeat_age_s\x18\n \x01(\x01\x12\x0f\n\x07stalled\x18\x0b \x01(\x08\"\xc2\x01\n\x0fSchedulerStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rbudget_tokens\x18\x02 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x14\n\x0ckv_usage_pct\x18\x05 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x04\x12\x16\n\x0epipeline_depth\x18\x07 \x01(\r\x12\x17\n\x0ftensor_parallel\x18\x08 \x01(\r\"]\n\rLatencyStatus\x12\x12\n\nttft_p50_s\x18\x01 \x01(\x01\x12\x12\n\nttft_p99_s\x18\x02 \x01(\x01\x12\x11\n\ttbt_p50_s\x18\x03 \x01(\x01\x12\x11\n\ttbt_p99_s\x18\x04 \x01(\x01\"\xf9\x01\n\x0eStatusResponse\x12\'\n\x06stages\x18\x01 \x03(\x0b\x32\x17.sarathi.v1.StageStatus\x12.\n\tscheduler\x18\x02 \x01(\x0b\x32\x1b.sarathi.v1.SchedulerStatus\x12*\n\x07latency\x18\x03 \x01(\x0b\x32\x19.sarathi.v1.LatencyStatus\x12\x1f\n\x17throughput_tokens_per_s\x18\x04 \x01(\x01\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x0f\n\x07serving\x18\x07 \x01(\x08\x12\x0f\n\x07problem\x18\x08 \x01(\t*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xd4\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.sarathi.v1.GenerateRequest\x1a\x1c.sarathi.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.sarathi.v1.AbortRequest\x1a\x19.sarathi.v1.AbortResponse\x12?\n\x06Status\x12\x19.sarathi.v1.StatusRequest\x1a\x1a.sarathi.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sarathi_proto.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1412
-  _globals['_FINISHREASON']._serialized_end=1532
+  _globals['_FINISHREASON']._serialized_start=1488
+  _globals['_FINISHREASON']._serialized_end=1608
   _globals['_SAMPLINGPARAMS']._serialized_start=44
   _globals['_SAMPLINGPARAMS']._serialized_end=139
   _globals['_GENERATEREQUEST']._serialized_start=142
@@ -46,13 +46,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=685
   _globals['_STATUSREQUEST']._serialized_end=700
   _globals['_STAGESTATUS']._serialized_start=703
-  _globals['_STAGESTATUS']._serialized_end=900
-  _globals['_SCHEDULERSTATUS']._serialized_start=903
-  _globals['_SCHEDULERSTATUS']._serialized_end=1097
-  _globals['_LATENCYSTATUS']._serialized_start=1099
-  _globals['_LATENCYSTATUS']._serialized_end=1192
-  _globals['_STATUSRESPONSE']._serialized_start=1195
-  _globals['_STATUSRESPONSE']._serialized_end=1410
-  _globals['_GENERATION']._serialized_start=1535
-  _globals['_GENERATION']._serialized_end=1747
+  _globals['_STAGESTATUS']._serialized_end=942
+  _globals['_SCHEDULERSTATUS']._serialized_start=945
+  _globals['_SCHEDULERSTATUS']._serialized_end=1139
+  _globals['_LATENCYSTATUS']._serialized_start=1141
+  _globals['_LATENCYSTATUS']._serialized_end=1234
+  _globals['_STATUSRESPONSE']._serialized_start=1237
+  _globals['_STATUSRESPONSE']._serialized_end=1486
+  _globals['_GENERATION']._serialized_start=1611
+  _globals['_GENERATION']._serialized_end=1823
 # @@protoc_insertion_point(module_scope)

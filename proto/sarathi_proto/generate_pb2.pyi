@@ -91,7 +91,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total")
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TP_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,8 @@ class StageStatus(_message.Message):
     MICRO_BATCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     UP_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STALLED_FIELD_NUMBER: _ClassVar[int]
     stage: int
     host: str
     tp_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -110,7 +112,9 @@ class StageStatus(_message.Message):
     micro_batches_in_flight: int
     up: bool
     busy_s_total: float
-    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ...) -> None: ...
+    heartbeat_age_s: float
+    stalled: bool
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
     __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel")
@@ -145,17 +149,21 @@ class LatencyStatus(_message.Message):
     def __init__(self, ttft_p50_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tbt_p50_s: _Optional[float] = ..., tbt_p99_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("stages", "scheduler", "latency", "throughput_tokens_per_s", "model", "uptime_s")
+    __slots__ = ("stages", "scheduler", "latency", "throughput_tokens_per_s", "model", "uptime_s", "serving", "problem")
     STAGES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
     scheduler: SchedulerStatus
     latency: LatencyStatus
     throughput_tokens_per_s: float
     model: str
     uptime_s: float
-    def __init__(self, stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., scheduler: _Optional[_Union[SchedulerStatus, _Mapping]] = ..., latency: _Optional[_Union[LatencyStatus, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    serving: bool
+    problem: str
+    def __init__(self, stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., scheduler: _Optional[_Union[SchedulerStatus, _Mapping]] = ..., latency: _Optional[_Union[LatencyStatus, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., serving: _Optional[bool] = ..., problem: _Optional[str] = ...) -> None: ...

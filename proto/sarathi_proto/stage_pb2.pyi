@@ -147,18 +147,20 @@ class Reject(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("assignment", "cache", "plan", "shutdown", "reject")
+    __slots__ = ("assignment", "cache", "plan", "shutdown", "reject", "ping")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     REJECT_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
     assignment: WorkerAssignment
     cache: CacheAssignment
     plan: StepPlan
     shutdown: bool
     reject: Reject
-    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+    ping: bool
+    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., ping: _Optional[bool] = ...) -> None: ...
 
 class ControllerEndpoint(_message.Message):
     __slots__ = ("control_addr", "grpc_addr", "model", "pp", "tp")

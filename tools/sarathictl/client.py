@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 
 import grpc
@@ -17,19 +18,27 @@ FINISH_NAMES = {
 
 
 class Client:
-    def __init__(self, addr: str = DEFAULT_ADDR) -> None:
+    def __init__(self, addr: str = DEFAULT_ADDR, tls_ca_file: str = "", token: str = "") -> None:
+        """tls_ca_file: PEM of the CA that signed the controller's certificate (TLS on);
+        token: sent as `authorization: Bearer <token>` on every call."""
         self.addr = addr
-        self._channel = grpc.insecure_channel(addr)
+        if tls_ca_file:
+            with open(tls_ca_file, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(f.read())
+            self._channel = grpc.secure_channel(addr, credentials)
+        else:
+            self._channel = grpc.insecure_channel(addr)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
     def generate(
         self, request: generate_pb2.GenerateRequest, timeout_s: float | None = None
     ) -> Iterator[generate_pb2.GenerateResponse]:
-        yield from self._stub.Generate(request, timeout=timeout_s)
+        yield from self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
 
     def status(self, timeout_s: float = 5.0) -> generate_pb2.StatusResponse:
         response: generate_pb2.StatusResponse = self._stub.Status(
-            generate_pb2.StatusRequest(), timeout=timeout_s
+            generate_pb2.StatusRequest(), timeout=timeout_s, metadata=self._metadata
         )
         return response
 
@@ -41,6 +50,23 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """--addr plus what a secured controller needs: its CA and a bearer token."""
+    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    p.add_argument("--tls-ca", default="", help="PEM CA of the controller's certificate (TLS)")
+    p.add_argument(
+        "--token-file", default="", help="file whose first line is the bearer token to send"
+    )
+
+
+def client_from_args(args: argparse.Namespace) -> Client:
+    token = ""
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.readline().strip()
+    return Client(args.addr, args.tls_ca, token)
 
 
 def explain_rpc_error(err: grpc.RpcError, addr: str) -> str:

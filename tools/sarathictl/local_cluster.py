@@ -72,6 +72,8 @@ class LocalClusterConfig:
     """More flags for `python -m controller`."""
     extra_worker_args: tuple[str, ...] = ()
     """More flags for every `python -m stage_worker`."""
+    max_restarts: int = 20
+    """supervise(): most restarts of the children in all before giving up (a crash loop)."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
@@ -88,6 +90,9 @@ class LocalCluster:
     http_port: int = 0
     """The HTTP API's port once started; 0: no HTTP API."""
     log_dir: Path = field(default_factory=Path)
+    num_restarts: int = 0
+    """Children restarted by supervise() so far."""
+    _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
     def addr(self) -> str:
@@ -139,7 +144,10 @@ class LocalCluster:
             raise
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        log_file = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the child)
+        restart = name in self._commands
+        self._commands[name] = (args, env)
+        # A restarted child appends to its log, so the crash stays readable above the restart.
+        log_file = open(self.log_dir / f"{name}.log", "ab" if restart else "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, *args],
             stdout=log_file,
@@ -175,6 +183,25 @@ class LocalCluster:
             if code is not None:
                 tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited with code {code}; its log ends:\n{tail}")
+
+    def supervise(self) -> list[str]:
+        """Restarts every child that exited (a killed worker, or one that left a broken
+        pipeline; the controller on its fixed ports). Returns the names restarted. Raises
+        RuntimeError, as check_alive, once max_restarts is spent."""
+        restarted = []
+        for index, (name, proc) in enumerate(self.procs):
+            code = proc.poll()
+            if code is None:
+                continue
+            if self.num_restarts >= self.config.max_restarts:
+                self.check_alive()
+            log.warning("%s exited with code %s: restarting it", name, code)
+            args, env = self._commands[name]
+            self._spawn(name, args, env)
+            self.procs[index] = self.procs.pop()  # _spawn appended the new process
+            self.num_restarts += 1
+            restarted.append(name)
+        return restarted
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to every child (controller first: it tells the workers to exit), then

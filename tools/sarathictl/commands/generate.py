@@ -9,13 +9,18 @@ import sys
 import grpc
 from sarathi_proto import generate_pb2
 
-from sarathictl.client import DEFAULT_ADDR, FINISH_NAMES, Client, explain_rpc_error
+from sarathictl.client import (
+    FINISH_NAMES,
+    add_connection_flags,
+    client_from_args,
+    explain_rpc_error,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("generate", help="stream a completion from a running cluster")
     p.add_argument("prompt", help="the prompt text")
-    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    add_connection_flags(p)
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     )
     text, token_ids = [], []
     last = None
-    with Client(args.addr) as client:
+    with client_from_args(args) as client:
         try:
             for response in client.generate(request, timeout_s=args.timeout):
                 text.append(response.text)

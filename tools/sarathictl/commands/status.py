@@ -14,12 +14,12 @@ from rich.live import Live
 from rich.table import Table
 from sarathi_proto import generate_pb2
 
-from sarathictl.client import DEFAULT_ADDR, Client, explain_rpc_error
+from sarathictl.client import add_connection_flags, client_from_args, explain_rpc_error
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="show each stage's utilization and the scheduler's state")
-    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    add_connection_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     p.add_argument("--interval", type=float, default=1.0, help="refresh period with --watch (s)")
@@ -32,7 +32,8 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         stages.add_column(column, justify="right" if column not in ("host",) else "left")
     for s in status.stages:
         stages.add_row(
-            str(s.stage),
+            # A stage that is not serving says so beside its number (narrow terminals keep it).
+            f"{s.stage} STALLED" if s.stalled else (str(s.stage) if s.up else f"{s.stage} DOWN"),
             s.host or "-",
             ",".join(str(r) for r in s.tp_ranks) or "-",
             f"{s.utilization_pct:.1f}",
@@ -64,11 +65,13 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         f"{lat.tbt_p99_s * 1e3:.1f}",
         f"{status.throughput_tokens_per_s:.1f}",
     )
+    if status.problem:
+        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, latency)
     return Group(stages, sched, latency)
 
 
 def run(args: argparse.Namespace) -> int:
-    with Client(args.addr) as client:
+    with client_from_args(args) as client:
         try:
             if args.json:
                 status = client.status()

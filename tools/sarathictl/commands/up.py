@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import threading
@@ -57,14 +58,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
     add_cluster_flags(p)
+    add_reliability_flags(p)
     p.set_defaults(run=run)
+
+
+def add_reliability_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-restart", action="store_true", help="stop everything when a process exits")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="s before a stage is down")
+    p.add_argument("--stall-timeout", type=float, default=30.0, help="s without a step: unhealthy")
+    p.add_argument("--max-queued-requests", type=int, default=1024, help="admission queue bound")
+    p.add_argument("--while-down", default="hold", choices=["hold", "fail"], help="new requests")
+    p.add_argument("--auth-token-file", default="", help="bearer tokens, one per line")
+    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API")
+    p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
+
+
+def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The controller flags of add_reliability_flags."""
+    flags = [
+        "--heartbeat-timeout", str(args.heartbeat_timeout),
+        "--stall-timeout", str(args.stall_timeout),
+        "--max-queued-requests", str(args.max_queued_requests),
+        "--while-down", args.while_down,
+    ]  # fmt: skip
+    for flag, value in (
+        ("--auth-token-file", args.auth_token_file),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if value:
+            flags += [flag, value]
+    return tuple(flags)
 
 
 def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = LocalCluster(cluster_config(args, args.port, args.http_port or None))
+    config = cluster_config(args, args.port, args.http_port or None)
+    config = dataclasses.replace(config, extra_controller_args=reliability_args(args))
+    cluster = LocalCluster(config)
     print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
     try:
         cluster.start()
@@ -75,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
             + (f"\n  OpenAI-compatible API: {cluster.http_base_url}" if cluster.http_port else ""),
             file=sys.stderr,
         )
-        while not stop.wait(0.5):
-            cluster.check_alive()
+        while not stop.wait(0.2):
+            if args.no_restart:
+                cluster.check_alive()
+                continue
+            for name in cluster.supervise():
+                print(f"sarathictl: {name} exited; restarted it", file=sys.stderr)
     except RuntimeError as err:  # a child died
         print(f"sarathictl: {err}", file=sys.stderr)
         return 1

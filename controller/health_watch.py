@@ -1,0 +1,54 @@
+"""Keeps the gRPC health status honest: SERVING only while the pipeline is up and steps complete.
+
+A pipeline whose stage hangs (a collective that never returns) still has an open socket; only
+the absence of completed steps while requests wait tells it apart from an idle one. Kubernetes
+probes read the health status and restart what is stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from controller.engine import Engine
+from controller.executor.pipeline import PipelineExecutor
+
+log = logging.getLogger(__name__)
+
+# How often the health status is re-evaluated.
+_PERIOD_S = 0.25
+
+
+def diagnose(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float) -> str:
+    """Why the controller should not be called serving right now; empty when it should."""
+    if not pipeline.up:
+        return f"a pipeline stage is down ({pipeline.down_reason}); rebuilding"
+    stalled_s = engine.stalled_for_s()
+    if stalled_s < stall_timeout_s:
+        return ""
+    stage = pipeline.lagging_stage()
+    where = "" if stage is None else f"; stage {stage} stopped answering"
+    return f"no step completed for {stalled_s:.1f} s with requests waiting{where}"
+
+
+async def watch_health(
+    engine: Engine,
+    pipeline: PipelineExecutor,
+    stall_timeout_s: float,
+    publish: Callable[[str], None],
+) -> None:
+    """Calls publish(problem) whenever the diagnosis changes ("" means serving)."""
+    last: str | None = None
+    while True:
+        problem = diagnose(engine, pipeline, stall_timeout_s)
+        # The stall figure ticks every period: compare the kind of problem, not its text.
+        kind = problem.split(" for ", 1)[0].split(" (", 1)[0]
+        if kind != (last or "").split(" for ", 1)[0].split(" (", 1)[0] or last is None:
+            if problem:
+                log.error("not serving: %s", problem)
+            else:
+                log.info("serving")
+        publish(problem)
+        last = problem
+        await asyncio.sleep(_PERIOD_S)

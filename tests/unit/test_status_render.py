@@ -1,0 +1,28 @@
+"""`sarathictl status` tells an operator which stage is down or stalled, and why."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from sarathi_proto import generate_pb2
+from sarathictl.commands.status import render
+
+
+def rendered(status: generate_pb2.StatusResponse) -> str:
+    console = Console(width=80, record=True)
+    console.print(render(status))
+    return console.export_text()
+
+
+def test_a_down_and_a_stalled_stage_are_named_with_the_problem() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=False, problem="stage 1 stopped")
+    status.stages.add(stage=0, host="10.0.0.1", up=False)
+    status.stages.add(stage=1, host="10.0.0.2", up=True, stalled=True)
+    text = rendered(status)
+    assert "NOT SERVING: stage 1 stopped" in text
+    assert "0 DOWN" in text and "1 STALLED" in text and "10.0.0.2" in text
+
+
+def test_a_serving_cluster_shows_no_problem_line() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.stages.add(stage=0, host="h", up=True)
+    assert "NOT SERVING" not in rendered(status) and "DOWN" not in rendered(status)
