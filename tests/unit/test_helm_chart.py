@@ -106,10 +106,18 @@ def test_chart_lints_strictly(values_set: str) -> None:
 
 
 CLUSTER_MODE = ("etcd.enabled=true", "replicas=2", "controller.httpPort=8000")
+SECURED = ("controller.tls.secretName=api-tls", "controller.auth.tokenSecret=api-tokens")
 
 
 @pytest.mark.parametrize(
-    "case", [(GPU,), (CPU,), (GPU, *CLUSTER_MODE), (CPU, "pp=4", "network.policy.enabled=false")]
+    "case",
+    [
+        (GPU,),
+        (CPU,),
+        (GPU, *CLUSTER_MODE),
+        (CPU, "pp=4", "network.policy.enabled=false"),
+        (GPU, *SECURED),
+    ],
 )
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_rendered_object_is_valid_kubernetes(
@@ -297,6 +305,43 @@ def test_http_port_is_off_by_default_and_exposed_when_set() -> None:
     objs = render(GPU, "controller.httpPort=8000")
     assert flags(container(only(objs, "Deployment")))["http-port"] == "8000"
     assert 8000 in [p["port"] for p in only(objs, "Service", "sarathi-cluster")["spec"]["ports"]]
+
+
+def test_tls_and_token_secrets_are_mounted_and_passed_to_the_controller() -> None:
+    plain = flags(container(only(render(GPU), "Deployment")))
+    assert "tls-cert" not in plain and "auth-token-file" not in plain
+    deployment = only(render(GPU, *SECURED), "Deployment")
+    c = container(deployment)
+    args = flags(c)
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert args["tls-cert"] == f"{mounts['tls']}/tls.crt"
+    assert args["tls-key"] == f"{mounts['tls']}/tls.key"
+    assert args["auth-token-file"] == f"{mounts['auth-tokens']}/tokens"
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "api-tls"
+    assert volumes["auth-tokens"]["secret"]["secretName"] == "api-tokens"
+    # Kubernetes' gRPC probes cannot speak TLS: with TLS on they are TCP checks of the API port.
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"]["port"] == port and "grpc" not in c[probe], probe
+
+
+def test_admission_and_failure_settings_reach_the_controller() -> None:
+    c = container(
+        only(
+            render(
+                GPU,
+                "controller.admission.maxQueuedRequests=64",
+                "controller.whileDown=fail",
+                "controller.heartbeatTimeoutSeconds=3",
+            ),
+            "Deployment",
+        )
+    )
+    args = flags(c)
+    assert args["max-queued-requests"] == "64" and args["while-down"] == "fail"
+    assert args["heartbeat-timeout"] == "3"
+    assert "/controller/whileDown" in helm_fails("model.path=/m", "controller.whileDown=sometimes")
 
 
 # ---- NetworkPolicy, judged by who it lets in ---------------------------------------------
