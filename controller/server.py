@@ -143,6 +143,8 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             num_preemptions=sched.num_preemptions,
             pipeline_depth=pipeline.parallel.pp,
             tensor_parallel=pipeline.parallel.tp,
+            num_steps=engine.num_steps,
+            controller_busy_s_total=engine.overhead_s,
         )
     )
     ratios = []

@@ -34,6 +34,8 @@ class PolicyCapacity:
     probes: list[tuple[float, bool]]
     at_capacity: ServingMetrics | None
     """Metrics of the highest passing probe."""
+    controller_share_at_capacity: float | None = None
+    """Controller time per micro-batch over a stage's, at the highest passing probe."""
 
 
 def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
@@ -55,11 +57,12 @@ def measure_policy(
     granularity: float,
 ) -> PolicyCapacity:
     config = replace(base, policy=policy, budget_tokens=budget_tokens)
-    best: dict[float, ServingMetrics] = {}
+    best: dict[float, tuple[ServingMetrics, float]] = {}
     with LocalCluster(config) as cluster:
 
         def passes(qps: float) -> bool:
-            metrics = asyncio.run(replay(cluster.addr, make_requests(qps))).metrics()
+            run = asyncio.run(replay(cluster.addr, make_requests(qps)))
+            metrics = run.metrics()
             ok = metrics.meets(tbt_slo_s)
             log.info(
                 "%s at %.3f req/s: P99 TBT %.3f s, median delay %.3f s -> %s",
@@ -67,12 +70,14 @@ def measure_policy(
                 "pass" if ok else "fail",
             )  # fmt: skip
             if ok:
-                best[qps] = metrics
+                best[qps] = (metrics, run.controller_share_of_step)
             return ok
 
         result: CapacityResult = search_capacity(passes, initial_qps, granularity)
-    at_capacity = best.get(result.capacity_qps)
-    return PolicyCapacity(policy, budget_tokens, result.capacity_qps, result.probes, at_capacity)
+    at_capacity, share = best.get(result.capacity_qps, (None, None))
+    return PolicyCapacity(
+        policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share
+    )
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
@@ -131,6 +136,7 @@ def run_local(args: argparse.Namespace) -> int:
                 else None,
                 "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
                 "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
+                "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
                 "probes": r.probes,
             }
         )

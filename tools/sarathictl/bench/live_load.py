@@ -42,6 +42,18 @@ class LiveRun:
     end_s: float
     stage_busy_s: list[float]
     num_preemptions: int
+    num_steps: int = 0
+    """Micro-batches the controller issued during the run."""
+    controller_busy_s: float = 0.0
+    """Controller time spent scheduling, encoding, sending and applying results in the run."""
+
+    @property
+    def controller_share_of_step(self) -> float:
+        """Controller time per micro-batch over the mean stage's busy time per micro-batch."""
+        if not self.num_steps or not self.stage_busy_s:
+            return float("nan")
+        stage_step_s = sum(self.stage_busy_s) / len(self.stage_busy_s) / self.num_steps
+        return (self.controller_busy_s / self.num_steps) / stage_step_s
 
     @property
     def num_errors(self) -> int:
@@ -111,7 +123,17 @@ async def replay(
         a.busy_s_total - b.busy_s_total for a, b in zip(after.stages, before.stages, strict=True)
     ]
     preemptions = after.scheduler.num_preemptions - before.scheduler.num_preemptions
-    return LiveRun(list(records), 0.0, end - start, busy, preemptions)
+    return LiveRun(
+        list(records),
+        0.0,
+        end - start,
+        busy,
+        preemptions,
+        num_steps=after.scheduler.num_steps - before.scheduler.num_steps,
+        controller_busy_s=(
+            after.scheduler.controller_busy_s_total - before.scheduler.controller_busy_s_total
+        ),
+    )
 
 
 def scale_requests(requests: list[SimRequest], scale: float, max_total: int) -> list[SimRequest]:
