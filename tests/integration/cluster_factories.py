@@ -40,17 +40,28 @@ def make_tiny_served_model(out_dir: Path, seed: int = 0, num_layers: int = 4) ->
 
 def oracle_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy continuation, ignoring EOS, in float32."""
+    return oracle_greedy_many(model_dir, [prompt], max_new_tokens)[0]
+
+
+def oracle_greedy_many(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, ignoring EOS, in float32 (the model is
+    loaded once)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        outputs.append([int(t) for t in out[0, len(prompt) :]])
+    return outputs

@@ -7,14 +7,20 @@ own network is never touched. Everything is removed on exit.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import selectors
 import shutil
+import socket
 import subprocess
+import threading
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 SUBNET = "10.213.7"
+_CLONE_NEWNET = 0x40000000
 
 
 def _ip(*args: str) -> None:
@@ -44,6 +50,7 @@ class TestNetwork:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     addresses: dict[str, str] = field(default_factory=dict)
     namespaces: dict[str, str] = field(default_factory=dict)
+    _forwards: list[UnixForward] = field(default_factory=list, init=False, repr=False)
 
     @property
     def bridge_ns(self) -> str:
@@ -77,7 +84,18 @@ class TestNetwork:
         """argv run inside host's namespace."""
         return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
+    def forward(self, host: str, port: int, unix_path: Path) -> UnixForward:
+        """A Unix socket at unix_path, in this process's file system, whose connections reach
+        host's address and port inside its namespace (for clients that run in the test process:
+        `grpc.insecure_channel(f"unix:{unix_path}")`). Closed with the network."""
+        forward = UnixForward(self.namespaces[host], (self.addresses[host], port), unix_path)
+        self._forwards.append(forward)
+        return forward
+
     def close(self) -> None:
+        for forward in self._forwards:
+            forward.close()
+        self._forwards.clear()
         for ns in [*self.namespaces.values(), self.bridge_ns]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
         self.namespaces.clear()
@@ -89,3 +107,77 @@ class TestNetwork:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _enter_namespace(ns: str) -> None:
+    """Moves the calling thread (only it) into network namespace ns."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {ns}")
+    finally:
+        os.close(fd)
+
+
+class UnixForward:
+    """Relays each connection to a Unix socket to a TCP address inside a namespace. One thread,
+    inside the namespace, copies bytes both ways; when either side closes, so does the other (a
+    client sees the server go away as it would over TCP)."""
+
+    def __init__(self, ns: str, target: tuple[str, int], unix_path: Path) -> None:
+        self.path = unix_path
+        self._target = target
+        self._ns = ns
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(unix_path))
+        self._listener.listen(64)
+        self._thread = threading.Thread(target=self._run, name=f"forward-{ns}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        _enter_namespace(self._ns)
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        peers: dict[socket.socket, socket.socket] = {}
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(0.1):
+                    sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if sock is self._listener:
+                        client, _ = sock.accept()
+                        try:
+                            upstream = socket.create_connection(self._target, timeout=5)
+                        except OSError:
+                            client.close()  # refused: the client sees an unreachable server
+                            continue
+                        client.settimeout(5)
+                        peers[client], peers[upstream] = upstream, client
+                        sel.register(client, selectors.EVENT_READ)
+                        sel.register(upstream, selectors.EVENT_READ)
+                        continue
+                    other = peers.get(sock)
+                    if other is None:
+                        continue
+                    try:
+                        data = sock.recv(1 << 16)
+                        if data:
+                            other.sendall(data)
+                            continue
+                    except OSError:
+                        pass
+                    for end in (sock, other):
+                        sel.unregister(end)
+                        peers.pop(end, None)
+                        end.close()
+        finally:
+            for end in peers:
+                end.close()
+            sel.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+        self.path.unlink(missing_ok=True)
