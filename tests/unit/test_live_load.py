@@ -1,8 +1,15 @@
-"""Metrics of a live run, from what the client saw and what the stages reported."""
+"""Live runs: metrics from what the client saw and the stages reported, probe sizes, and the
+benchmark model."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+from sarathictl.bench.live_capacity import MIN_PROBE_REQUESTS, cap_probe
 from sarathictl.bench.live_load import LiveRecord, LiveRun, scale_requests
+from sarathictl.cli import main
 
 from controller.executor.simulated import SimRequest
 
@@ -34,3 +41,32 @@ def test_a_failed_request_fails_the_run() -> None:
 def test_scaling_a_trace_keeps_every_request_at_least_one_token_and_within_the_cap() -> None:
     scaled = scale_requests([SimRequest(0.0, 1000, 100), SimRequest(1.0, 2, 1)], 0.1, 50)
     assert scaled == [SimRequest(0.0, 40, 10), SimRequest(1.0, 1, 1)]
+
+
+def test_a_probe_at_a_low_rate_replays_only_its_first_seconds() -> None:
+    requests = [SimRequest(float(t), 8, 4) for t in range(100)]  # one arrival a second
+    assert [r.arrival_s for r in cap_probe(requests, 30.0)] == [float(t) for t in range(31)]
+    assert len(cap_probe(requests, 2.0)) == MIN_PROBE_REQUESTS  # never fewer than this
+    assert cap_probe(requests, 0.0) == requests  # 0: no cap
+
+
+def test_random_falcon_command_writes_a_servable_folder(tmp_path: Path) -> None:
+    out = tmp_path / "falcon"
+    argv = ["model", "random-falcon", str(out), "--hidden-size", "64", "--num-layers", "2",
+            "--num-heads", "4", "--num-kv-heads", "2", "--vocab-size", "320"]  # fmt: skip
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (64, 2)
+    assert config["new_decoder_architecture"] is True
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "tokenizer.json"}
+
+
+def test_random_falcon_names_the_bad_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "f")
+    assert main(["model", "random-falcon", out, "--num-heads", "8", "--num-kv-heads", "3"]) == 2
+    assert "num_attention_heads must be a multiple of num_kv_heads" in capsys.readouterr().err
+    assert main(["model", "random-falcon", out, "--num-layers", "0"]) == 2
+    assert "num_hidden_layers must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()  # nothing half-written

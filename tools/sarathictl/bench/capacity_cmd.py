@@ -73,6 +73,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     live.add_argument("--scale", type=float, default=1.0, help="multiply trace lengths by this")
     live.add_argument("--initial-qps", type=float, default=1.0, help="first rate probed")
     live.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    live.add_argument(
+        "--max-probe-s",
+        type=float,
+        default=120.0,
+        help="replay only the requests arriving in this many seconds (at least 8; 0: all)",
+    )
     parser.set_defaults(run=run)
 
 

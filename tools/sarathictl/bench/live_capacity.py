@@ -73,7 +73,9 @@ def measure_policy(
                 best[qps] = (metrics, run.controller_share_of_step)
             return ok
 
-        result: CapacityResult = search_capacity(passes, initial_qps, granularity)
+        result: CapacityResult = search_capacity(
+            passes, initial_qps, granularity, min_qps=initial_qps * MIN_QPS_FRACTION
+        )
     at_capacity, share = best.get(result.capacity_qps, (None, None))
     return PolicyCapacity(
         policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share
@@ -81,6 +83,18 @@ def measure_policy(
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
+MIN_PROBE_REQUESTS = 8
+MIN_QPS_FRACTION = 1 / 32
+"""The search stops halving below initial_qps times this (capacity then reads 0)."""
+
+
+def cap_probe(requests: list[SimRequest], max_probe_s: float) -> list[SimRequest]:
+    """The requests that arrive within max_probe_s (at least MIN_PROBE_REQUESTS): a probe at a
+    low rate would otherwise replay for num_requests / qps seconds of real time."""
+    if max_probe_s <= 0:
+        return requests
+    kept = [r for r in requests if r.arrival_s <= max_probe_s]
+    return requests[: max(len(kept), MIN_PROBE_REQUESTS)]
 
 
 def run_local(args: argparse.Namespace) -> int:
@@ -99,7 +113,8 @@ def run_local(args: argparse.Namespace) -> int:
     spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
 
     def requests_at(qps: float) -> list[SimRequest]:
-        return scale_requests(make_requests(spec, qps), args.scale, args.max_total_tokens)
+        requests = scale_requests(make_requests(spec, qps), args.scale, args.max_total_tokens)
+        return cap_probe(requests, args.max_probe_s)
 
     started = time.perf_counter()
     decode_s = None

@@ -54,6 +54,9 @@ class FalconShape:
     max_position_embeddings: int = 4096
 
     def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_kv_heads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sarathictl.bench.random_model import FalconShape
 from sarathictl.model_prep import DTYPE_NAMES, default_cache_dir, default_model_dir
 
 
@@ -46,6 +47,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     prepare.set_defaults(run=run_prepare_demo)
 
+    random = model_sub.add_parser(
+        "random-falcon",
+        help="write a random-weight Falcon (new decoder architecture) for benchmarks",
+        description=(
+            "Makes DIR a model folder (config.json, float32 model.safetensors, a byte-level "
+            "tokenizer) of a Falcon with grouped KV heads and parallel attention + MLP, with "
+            "random weights: the live benchmarks' model, made offline."
+        ),
+    )
+    random.add_argument("model_dir", metavar="DIR", type=Path, help="folder to write")
+    shape = FalconShape()
+    random.add_argument("--hidden-size", type=int, default=shape.hidden_size)
+    random.add_argument("--num-layers", type=int, default=shape.num_hidden_layers)
+    random.add_argument("--num-heads", type=int, default=shape.num_attention_heads)
+    random.add_argument("--num-kv-heads", type=int, default=shape.num_kv_heads)
+    random.add_argument("--vocab-size", type=int, default=shape.vocab_size)
+    random.add_argument("--max-positions", type=int, default=shape.max_position_embeddings)
+    random.add_argument("--seed", type=int, default=0)
+    random.set_defaults(run=run_random_falcon)
+
 
 def run_prepare_demo(args: argparse.Namespace) -> int:
     # Imported here: torch and gguf take seconds to import and other commands never need them.
@@ -63,4 +84,22 @@ def run_prepare_demo(args: argparse.Namespace) -> int:
             f"{prepared.model_dir}: ready ({size_mib:.1f} MiB, {prepared.dtype}, "
             f"prepared in {prepared.elapsed_s:.1f} s)"
         )
+    return 0
+
+
+def run_random_falcon(args: argparse.Namespace) -> int:
+    from sarathictl.bench.random_model import write_random_falcon
+
+    shape = FalconShape(
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        vocab_size=args.vocab_size,
+        max_position_embeddings=args.max_positions,
+    )
+    out = write_random_falcon(args.model_dir, shape, seed=args.seed)
+    size_mib = sum(f.stat().st_size for f in out.iterdir()) / (1 << 20)
+    print(f"{out}: random Falcon, {shape.num_hidden_layers} layers x {shape.hidden_size} "
+          f"({size_mib:.1f} MiB)")  # fmt: skip
     return 0
