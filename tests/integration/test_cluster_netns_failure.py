@@ -2,8 +2,9 @@
 SIGKILL mid-stream, on namespace hosts with a real etcd. The test supervises the processes as
 Kubernetes would (an exited process is started again with the same argv) and asserts what a
 client sees: the outage is noticed within the heartbeat timeout and shown by `sarathictl status`,
-requests sent while down are held, every stream completes equal to transformers' greedy run with
-no token missing or repeated, and clients of a killed controller get UNAVAILABLE, not a hang.
+requests sent while down are held, every stream completes equal to an undisturbed run (whose
+first tokens are transformers' greedy ones) with no token missing or repeated, and clients of a
+killed controller get UNAVAILABLE, not a hang.
 
 A cluster of its own, so the other namespace tests never see a rebuilt pipeline.
 """
