@@ -79,6 +79,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=120.0,
         help="replay only the requests arriving in this many seconds (at least 8; 0: all)",
     )
+    live.add_argument(
+        "--saturation-qps",
+        type=float,
+        default=0.0,
+        help="also replay at this rate (above every capacity) for each policy and report its "
+        "bubble fraction and throughput (0: skip)",
+    )
     parser.set_defaults(run=run)
 
 

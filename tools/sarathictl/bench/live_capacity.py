@@ -36,6 +36,9 @@ class PolicyCapacity:
     """Metrics of the highest passing probe."""
     controller_share_at_capacity: float | None = None
     """Controller time per micro-batch over a stage's, at the highest passing probe."""
+    saturated: ServingMetrics | None = None
+    """Metrics of one run at the saturating rate (every policy the same), if asked for: at
+    capacity a CPU pipeline holds few requests, so its idle stages say little about balance."""
 
 
 def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
@@ -55,6 +58,7 @@ def measure_policy(
     tbt_slo_s: float,
     initial_qps: float,
     granularity: float,
+    saturation_qps: float = 0.0,
 ) -> PolicyCapacity:
     config = replace(base, policy=policy, budget_tokens=budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
@@ -76,9 +80,17 @@ def measure_policy(
         result: CapacityResult = search_capacity(
             passes, initial_qps, granularity, min_qps=initial_qps * MIN_QPS_FRACTION
         )
+        saturated = None
+        if saturation_qps > 0:
+            saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
+            log.info(
+                "%s saturated at %.3f req/s: bubbles %.1f%%, %.1f tokens/s",
+                policy, saturation_qps, 100 * saturated.bubble_fraction,
+                saturated.throughput_tokens_s,
+            )  # fmt: skip
     at_capacity, share = best.get(result.capacity_qps, (None, None))
     return PolicyCapacity(
-        policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share
+        policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share, saturated
     )
 
 
@@ -134,7 +146,14 @@ def run_local(args: argparse.Namespace) -> int:
         budget = args.budget if policy in ("sarathi", "chunked_only") else -(-longest // 32) * 32
         results.append(
             measure_policy(
-                base, policy, budget, requests_at, tbt_slo_s, args.initial_qps, args.granularity
+                base,
+                policy,
+                budget,
+                requests_at,
+                tbt_slo_s,
+                args.initial_qps,
+                args.granularity,
+                args.saturation_qps,
             )
         )
     reference = next((r for r in results if r.policy == "vllm"), None)
@@ -152,6 +171,7 @@ def run_local(args: argparse.Namespace) -> int:
                 "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
                 "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
                 "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
+                "saturated": r.saturated.to_dict() if r.saturated else None,
                 "probes": r.probes,
             }
         )
@@ -170,12 +190,18 @@ def run_local(args: argparse.Namespace) -> int:
     print(
         f"live capacity, {base.model_dir} PP={base.pp} TP={base.tp}, P99 TBT <= {tbt_slo_s:.3f} s"
     )
-    for row in rows:
+    for row, r in zip(rows, results, strict=True):
         ratio = row["ratio_to_vllm"]
         bubble = row["bubble_fraction_at_capacity"]
+        saturated = (
+            f"  saturated: bubbles {r.saturated.bubble_fraction:.0%}, "
+            f"{r.saturated.throughput_tokens_s:.0f} tokens/s"
+            if r.saturated
+            else ""
+        )
         print(
             f"  {row['policy']:<14} {row['capacity_qps']:8.3f} qps"
             f"  {f'{ratio:.2f}x vllm' if isinstance(ratio, float) else '-':>12}"
-            f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
+            f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}{saturated}"
         )
     return 0

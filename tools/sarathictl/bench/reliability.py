@@ -156,12 +156,14 @@ def main() -> int:
         report["rss_after_overload_mib"] = round(rss_mib(controller_pid), 1)
         report["kill_stage_1"] = kill_stage(cluster, 1, 4, 64)
         if args.soak > 0:
-            samples = []
+            # 80% of the steady phase's clients: closed-loop load just under what was held.
+            clients = max(1, int(0.8 * args.concurrency))
+            samples, minutes = [], []
             for _ in range(max(1, int(args.soak // 60))):
-                closed_loop(
-                    cluster.addr, max(1, int(0.8 * args.concurrency)), 60.0, args.max_tokens
-                )
+                minutes.append(closed_loop(cluster.addr, clients, 60.0, args.max_tokens))
                 samples.append(round(rss_mib(dict(cluster.procs)["controller"].pid), 1))
+            report["soak_clients"] = clients
+            report["soak_per_minute"] = minutes
             report["soak_rss_mib_per_minute"] = samples
     print(json.dumps(report, indent=2))
     return 0
