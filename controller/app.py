@@ -131,6 +131,13 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
                     tp=config.parallel.tp,
                 )
             )
+
+        def starting_with_refusal(reason: str) -> None:
+            # Until the health watch runs, Status shows why the pipeline is not forming.
+            if not pipeline.up:
+                service.problem = f"the pipeline is not ready yet; {reason}"
+
+        pipeline.on_refused = starting_with_refusal
         start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,7 +23,8 @@ _PERIOD_S = 0.25
 def diagnose(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float) -> str:
     """Why the controller should not be called serving right now; empty when it should."""
     if not pipeline.up:
-        return f"a pipeline stage is down ({pipeline.down_reason}); rebuilding"
+        refused = f"; {pipeline.last_refusal}" if pipeline.last_refusal else ""
+        return f"a pipeline stage is down ({pipeline.down_reason}); rebuilding{refused}"
     stalled_s = engine.stalled_for_s()
     if stalled_s < stall_timeout_s:
         return ""

@@ -71,6 +71,9 @@ class PipelineExecutor:
         self.block_size = 0
         self.on_down: Callable[[str], None] = lambda reason: None
         self.on_up: Callable[[], None] = lambda: None
+        self.on_refused: Callable[[str], None] = lambda reason: None
+        """Called with the reason whenever a worker is refused (wrong model, place taken)."""
+        self.last_refusal = ""
         self._on_result: ResultHandler | None = None
         self._all_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,7 +101,9 @@ class PipelineExecutor:
         try:
             info = self.slots.claim(identity, hello)
         except ValueError as err:
-            log.error("refusing worker %s from %s: %s", hello.worker_id, hello.host, err)
+            self.last_refusal = f"refused worker {hello.worker_id} from {hello.host}: {err}"
+            log.error("%s", self.last_refusal)
+            self.on_refused(self.last_refusal)
             reject = stage_pb2.ControllerMessage(reject=stage_pb2.Reject(reason=str(err)))
             await self._send_quietly(identity, reject)
             return
@@ -158,7 +163,7 @@ class PipelineExecutor:
         self.num_kv_blocks, self.block_size = num_kv_blocks, block_size
         await self._send_cache()
         self.started_at = time.monotonic()
-        self.up, self.down_reason = True, ""
+        self.up, self.down_reason, self.last_refusal = True, "", ""
         self._tasks.append(asyncio.create_task(self._watch(), name="pipeline-watchdog"))
 
     async def _send_cache(self) -> None:
@@ -204,7 +209,7 @@ class PipelineExecutor:
             self.num_rebuilds,
             time.monotonic() - self.down_since_s,
         )
-        self.up, self.down_reason = True, ""
+        self.up, self.down_reason, self.last_refusal = True, "", ""
         self.on_up()
 
     async def _watch(self) -> None:
