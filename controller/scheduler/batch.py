@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from controller.scheduler.sequence import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class ScheduledChunk(NamedTuple):
@@ -29,10 +33,117 @@ class ScheduledChunk(NamedTuple):
         return self.first_position + self.num_tokens
 
 
-class MicroBatch(NamedTuple):
-    batch_id: int
-    chunks: list[ScheduledChunk]
-    finished_seq_ids: list[int]
-    """Sequences finished, aborted or preempted since the previous micro-batch: workers drop
-    their state before running this one."""
-    num_tokens: int
+class DecodeBlock(NamedTuple):
+    """A micro-batch's decodes from the decode roster, as columns: each is one token at
+    `positions[i]` that yields the next one, with no sampling params (the workers know the
+    sequence already)."""
+
+    slots: npt.NDArray[np.int64]
+    """Roster slots, so the result is applied with vector operations."""
+    roster_leaves: int
+    """The roster's num_leaves when the block was built: unchanged, every slot is as it was."""
+    seq_ids: list[int]
+    positions: npt.NDArray[np.int64]
+    seqs: npt.NDArray[np.object_]
+    """The Sequence objects, in the same order."""
+    new_block_at: list[int]
+    """Indices (into the columns) of the decodes that cross into a new KV block, ascending."""
+    new_block_ids: list[int]
+    """The block each of those appends, in the same order."""
+
+
+class MicroBatch:
+    """One micro-batch. Decodes of roster sequences are held as columns (a DecodeBlock placed
+    before chunk `decodes_at` of `other_chunks`); `chunks` builds the per-sequence records on
+    first use, for the wire encoder, the cost model and tests."""
+
+    __slots__ = (
+        "_all",
+        "_chunks",
+        "batch_id",
+        "decodes",
+        "decodes_at",
+        "finished_seq_ids",
+        "num_tokens",
+    )
+    __match_args__ = ("batch_id", "chunks", "finished_seq_ids", "num_tokens")
+
+    def __init__(
+        self,
+        batch_id: int,
+        chunks: list[ScheduledChunk],
+        finished_seq_ids: list[int],
+        num_tokens: int,
+        decodes: DecodeBlock | None = None,
+        decodes_at: int = 0,
+    ) -> None:
+        self.batch_id = batch_id
+        self.finished_seq_ids = finished_seq_ids
+        """Sequences finished, aborted or preempted since the previous micro-batch: workers drop
+        their state before running this one."""
+        self.num_tokens = num_tokens
+        self.decodes = decodes
+        self.decodes_at = decodes_at
+        self._chunks = chunks
+        self._all: list[ScheduledChunk] | None = None
+
+    @property
+    def other_chunks(self) -> list[ScheduledChunk]:
+        """The chunks not in the decode block (prefill chunks, and decodes built one by one)."""
+        return self._chunks
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        """Every chunk in micro-batch order."""
+        block = self.decodes
+        if block is None:
+            return self._chunks
+        if self._all is not None:
+            return self._all
+        new_blocks = dict(zip(block.new_block_at, block.new_block_ids, strict=True))
+        new_chunk = tuple.__new__  # skips NamedTuple's Python-level __new__
+        decodes = [
+            new_chunk(
+                ScheduledChunk,
+                (
+                    seq_id,
+                    position,
+                    1,
+                    True,
+                    (new_blocks[i],) if i in new_blocks else (),
+                    # The decode's token is the last one known when it was scheduled.
+                    [seq.output_token_ids[position - len(seq.prompt_token_ids)]],
+                    None,
+                ),
+            )
+            for i, (seq_id, position, seq) in enumerate(
+                zip(block.seq_ids, block.positions.tolist(), block.seqs, strict=True)
+            )
+        ]
+        at = self.decodes_at
+        self._all = self._chunks[:at] + decodes + self._chunks[at:]
+        return self._all
+
+    @property
+    def num_chunks(self) -> int:
+        block = self.decodes
+        return len(self._chunks) + (0 if block is None else len(block.seq_ids))
+
+    def yielding_seq_ids(self) -> list[int]:
+        """Ids of the sequences that get a token from this micro-batch, in micro-batch order:
+        the keys of the map `Scheduler.on_result` takes."""
+        block = self.decodes
+        if block is None:
+            return [c.seq_id for c in self._chunks if c.yields_token]
+        at = self.decodes_at
+        return (
+            [c.seq_id for c in self._chunks[:at] if c.yields_token]
+            + block.seq_ids
+            + [c.seq_id for c in self._chunks[at:] if c.yields_token]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MicroBatch(id={self.batch_id}, chunks={self.num_chunks}, tokens={self.num_tokens}, "
+            f"finished={self.finished_seq_ids})"
+        )

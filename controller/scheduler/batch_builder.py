@@ -7,13 +7,14 @@ recompute, and the token budget.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
-from controller.scheduler.batch import ScheduledChunk
-from controller.scheduler.sequence import Sequence, SequenceStatus
+import numpy as np
+import numpy.typing as npt
 
-# Builds a ScheduledChunk from one tuple without NamedTuple's Python-level __new__ (hot path).
-_new_chunk = tuple.__new__
+from controller.scheduler.batch import DecodeBlock, ScheduledChunk
+from controller.scheduler.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from controller.scheduler.scheduler import Scheduler
@@ -24,6 +25,10 @@ class BatchBuilder:
         self._sched = scheduler
         self._now = now
         self.chunks: list[ScheduledChunk] = []
+        """Every chunk but the decodes of roster sequences, which go in `decodes`."""
+        self.decodes: DecodeBlock | None = None
+        self.decodes_at = 0
+        """Index in `chunks` the decode block goes before."""
         self.num_tokens = 0
         self.budget_tokens = scheduler.config.budget_tokens
 
@@ -37,60 +42,117 @@ class BatchBuilder:
 
     def add_decodes(self, capped: bool) -> int:
         """Adds one token for every running sequence whose next work is a decode and whose last
-        token is back; capped: stop at the token budget. Preempts (latest arrival first) when a
-        decode needs a new KV block and none is free. Returns the number added.
+        token is back, in admission order; capped: stop at the token budget. Preempts (latest
+        arrival first) when a decode needs a new KV block and none is free. Returns the number
+        added.
 
-        This loop runs for every decoding sequence on every step, so it is written flat."""
+        This runs for every decoding sequence on every step, so it works on the decode roster's
+        columns: a few vector operations, whatever the number of sequences."""
+        assert self.decodes is None, "add_decodes called twice for one micro-batch"
         sched = self._sched
-        block_size = sched.block_manager.block_size
+        roster = sched.roster
+        if not roster.size:
+            return 0
+        order = roster.order()
+        computed = roster.computed[order]
+        ready = computed < roster.num_tokens[order]  # else its last token is still in flight
+        if not sched.config.pipeline_prefill_chunks:
+            ready &= roster.inflight[order] == 0
+        picked = np.flatnonzero(ready)
+        limit = self.budget_tokens - self.num_tokens if capped else len(picked)
+        if limit < len(picked):
+            picked = picked[: max(limit, 0)]
+        if not len(picked):
+            return 0
+        slots = order[picked]
+        positions = computed[picked]
+        crossing = np.flatnonzero(positions >= roster.kv_capacity[slots])
+        bm = sched.block_manager
+        if len(crossing) > bm.num_free:
+            # Some decode would preempt: the exact one-by-one walk decides who.
+            return self._add_decodes_one_by_one(order, limit)
+        new_block_ids: list[int] = []
+        if len(crossing):
+            new_block_ids = bm.allocate(len(crossing))
+            growing = slots[crossing]
+            deque(map(list.append, roster.block_lists[growing], new_block_ids), 0)
+            roster.kv_capacity[growing] += bm.block_size
+        roster.computed[slots] = positions + 1
+        roster.inflight[slots] += 1
+        self._set_decodes(
+            DecodeBlock(
+                slots,
+                roster.num_leaves,
+                roster.id_objs[slots].tolist(),
+                positions,
+                roster.seqs[slots],
+                crossing.tolist(),
+                new_block_ids,
+            )
+        )
+        return len(slots)
+
+    def _add_decodes_one_by_one(self, order: npt.NDArray[np.int64], limit: int) -> int:
+        """add_decodes when KV blocks may run out: each decode in turn, growing (and so perhaps
+        preempting) before the next one is looked at."""
+        sched = self._sched
+        roster = sched.roster
         wait_for_batch = not sched.config.pipeline_prefill_chunks
-        limit = self.budget_tokens if capped else 1 << 62
-        num_tokens = self.num_tokens
-        append = self.chunks.append
-        added = 0
-        # A snapshot: preemption removes sequences from `running` while we iterate. A preempted
-        # one has num_computed_tokens 0 and at least 2 tokens, so the first test skips it.
-        for seq in tuple(sched.running.values()):
-            position = seq.num_computed_tokens
-            if seq.num_tokens - position != 1 or not seq.output_token_ids:
-                continue  # prefilling, or its last token is still in the pipeline
-            if wait_for_batch and seq.num_inflight_batches:
+        slots: list[int] = []
+        positions: list[int] = []
+        new_block_at: list[int] = []
+        new_block_ids: list[int] = []
+        for seq in roster.seqs[order].tolist():
+            if seq._roster is None:
+                continue  # preempted by an earlier decode of this loop
+            slot = seq._slot
+            position = int(roster.computed[slot])
+            if roster.num_tokens[slot] - position != 1:
                 continue
-            if num_tokens >= limit:
+            if wait_for_batch and roster.inflight[slot]:
+                continue
+            if len(slots) >= limit:
                 break
-            new_block_ids: tuple[int, ...] = ()
-            if position >= len(seq.block_ids) * block_size:
+            if position >= roster.kv_capacity[slot]:
                 block_id = sched.grow_by_one_block(seq)
                 if block_id is None:
                     continue  # preempted itself, or must wait for an in-flight batch to return
-                new_block_ids = (block_id,)
-            append(
-                _new_chunk(
-                    ScheduledChunk,
-                    (
-                        seq.seq_id,
-                        position,
-                        1,
-                        True,
-                        new_block_ids,
-                        [seq.output_token_ids[-1]],
-                        None,  # a decode never starts a sequence on the workers
-                    ),
-                )
+                new_block_at.append(len(slots))
+                new_block_ids.append(block_id)
+            roster.computed[slot] = position + 1
+            roster.inflight[slot] += 1
+            slots.append(slot)
+            positions.append(position)
+        if not slots:
+            return 0
+        slot_array = np.array(slots, np.int64)
+        self._set_decodes(
+            DecodeBlock(
+                slot_array,
+                roster.num_leaves,
+                roster.id_objs[slot_array].tolist(),
+                np.array(positions, np.int64),
+                roster.seqs[slot_array],
+                new_block_at,
+                new_block_ids,
             )
-            seq.num_computed_tokens = position + 1
-            seq.num_inflight_batches += 1
-            num_tokens += 1
-            added += 1
-        self.num_tokens = num_tokens
-        return added
+        )
+        return len(slots)
+
+    def _set_decodes(self, block: DecodeBlock) -> None:
+        self.decodes = block
+        self.decodes_at = len(self.chunks)
+        self.num_tokens += len(block.slots)
 
     def add_partial_prefills(self) -> int:
         """Adds the next chunk of every admitted prompt not fully computed, within the budget."""
         sched = self._sched
         wait_for_batch = not sched.config.pipeline_prefill_chunks
         added = 0
-        for seq in sched.running.values():
+        # A decoding sequence never has a prefill chunk, so only the others are looked at; a
+        # snapshot because a chunk that leaves one token to compute moves its sequence to the
+        # decode roster.
+        for seq in tuple(sched.not_decoding.values()):
             if self.num_tokens >= self.budget_tokens:
                 break
             remaining = seq.num_uncomputed_tokens
@@ -131,7 +193,7 @@ class BatchBuilder:
             sched.waiting.popleft()
             seq.block_ids = bm.allocate(num_blocks)
             seq.status = SequenceStatus.RUNNING
-            sched.running[seq.seq_id] = seq
+            sched.admit(seq)
             self._add(seq, chunk, tuple(seq.block_ids))
             prefill_tokens += chunk
             admitted += 1
@@ -160,3 +222,5 @@ class BatchBuilder:
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = self._now
         self.num_tokens += num_tokens
+        if end == seq.num_tokens - 1 and seq.output_token_ids:
+            self._sched.join_roster(seq)  # a recompute that stops one token short: it decodes

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from operator import itemgetter
 
-from controller.scheduler.batch import MicroBatch
+import numpy as np
+
+from controller.scheduler.batch import DecodeBlock, MicroBatch, ScheduledChunk
 from controller.scheduler.batch_builder import BatchBuilder
 from controller.scheduler.block_manager import BlockManager
 from controller.scheduler.config import CacheConfig, SchedulerConfig
+from controller.scheduler.decode_roster import DecodeRoster
 from controller.scheduler.errors import InvalidRequestError
 from controller.scheduler.policies import make_policy
 from controller.scheduler.sequence import FinishReason, RequestParams, Sequence, SequenceStatus
@@ -28,8 +32,13 @@ class Scheduler:
             cache.num_blocks, cache.block_size, cache.watermark_blocks
         )
         self.waiting: deque[Sequence] = deque()
-        # Admitted sequences (holding KV blocks), in admission order.
+        # Admitted sequences (holding KV blocks), in admission order: those decoding are on the
+        # roster, the others (prefilling, or waiting for the token of their last chunk) in
+        # not_decoding, also in admission order.
         self.running: dict[int, Sequence] = {}
+        self.roster = DecodeRoster(cache.block_size)
+        self.not_decoding: dict[int, Sequence] = {}
+        self._next_admit_no = 0
         self._live: dict[int, Sequence] = {}
         self._inflight: dict[int, MicroBatch] = {}
         self._finished_since_last_batch: list[int] = []
@@ -86,10 +95,15 @@ class Scheduler:
             return None
         builder = BatchBuilder(self, now)
         self.policy.build(builder)
-        if not builder.chunks:
+        if not builder.chunks and builder.decodes is None:
             return None
         batch = MicroBatch(
-            self._next_batch_id, builder.chunks, self._finished_since_last_batch, builder.num_tokens
+            self._next_batch_id,
+            builder.chunks,
+            self._finished_since_last_batch,
+            builder.num_tokens,
+            builder.decodes,
+            builder.decodes_at,
         )
         self._finished_since_last_batch = []
         self._next_batch_id += 1
@@ -103,31 +117,106 @@ class Scheduler:
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise ValueError(f"micro-batch {batch_id} is not in flight")
-        live = self._live
         updated: list[Sequence] = []
-        for chunk in batch.chunks:
+        chunks = batch.other_chunks
+        block = batch.decodes
+        if block is None:
+            self._apply_chunks(chunks, batch_id, sampled, now, updated)
+            return updated
+        at = batch.decodes_at
+        self._apply_chunks(chunks[:at], batch_id, sampled, now, updated)
+        self._apply_decodes(block, batch_id, sampled, now, updated)
+        self._apply_chunks(chunks[at:], batch_id, sampled, now, updated)
+        return updated
+
+    def _apply_chunks(
+        self,
+        chunks: list[ScheduledChunk],
+        batch_id: int,
+        sampled: Mapping[int, int],
+        now: float,
+        updated: list[Sequence],
+    ) -> None:
+        live = self._live
+        for chunk in chunks:
             seq = live.get(chunk.seq_id)
             if seq is None:
                 continue  # finished or aborted while this micro-batch was in flight
             seq.num_inflight_batches -= 1
             if not chunk.yields_token:
                 continue
-            token_id = sampled.get(chunk.seq_id)
-            if token_id is None:
-                raise ValueError(
-                    f"micro-batch {batch_id} returned no token for sequence {chunk.seq_id}"
-                )
-            seq.output_token_ids.append(token_id)
-            seq.num_tokens += 1  # Sequence.append_token, inlined on this hot path
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.last_token_time = now
-            if len(seq.output_token_ids) >= seq.max_tokens:
-                self._finish(seq, FinishReason.LENGTH)
-            elif token_id in seq.stop_token_ids:
-                self._finish(seq, FinishReason.STOP)
+            self._apply_token(seq, self._token_for(sampled, batch_id, chunk.seq_id), now)
             updated.append(seq)
-        return updated
+
+    @staticmethod
+    def _token_for(sampled: Mapping[int, int], batch_id: int, seq_id: int) -> int:
+        token_id = sampled.get(seq_id)
+        if token_id is None:
+            raise ValueError(f"micro-batch {batch_id} returned no token for sequence {seq_id}")
+        return token_id
+
+    def _apply_token(self, seq: Sequence, token_id: int, now: float) -> None:
+        seq.append_token(token_id)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        if len(seq.output_token_ids) >= seq.max_tokens:
+            self._finish(seq, FinishReason.LENGTH)
+        elif token_id in seq.stop_token_ids:
+            self._finish(seq, FinishReason.STOP)
+        elif seq._roster is None and seq.num_uncomputed_tokens == 1:
+            self.join_roster(seq)  # its prompt is computed: it decodes from now on
+
+    def _apply_decodes(
+        self,
+        block: DecodeBlock,
+        batch_id: int,
+        sampled: Mapping[int, int],
+        now: float,
+        updated: list[Sequence],
+    ) -> None:
+        """The decode block's tokens, with vector operations on the roster's columns."""
+        roster = self.roster
+        slots, ids, seqs = block.slots, block.seq_ids, block.seqs
+        if roster.num_leaves != block.roster_leaves:
+            # A sequence that finished or was aborted in the meantime has left its slot (which
+            # a later sequence may hold now); seq ids are never reused.
+            alive = roster.seq_ids[slots] == np.array(ids, np.int64)
+            if not alive.all():
+                slots, seqs = slots[alive], seqs[alive]
+                ids = [seq_id for seq_id, keep in zip(ids, alive.tolist(), strict=True) if keep]
+        if not ids:
+            return
+        try:
+            tokens = itemgetter(*ids)(sampled) if len(ids) > 1 else (sampled[ids[0]],)
+        except KeyError:
+            # A token is missing: apply them one by one up to it, then raise, as for chunks.
+            for seq_id, seq in zip(ids, seqs.tolist(), strict=True):
+                seq.num_inflight_batches -= 1
+                self._apply_token(seq, self._token_for(sampled, batch_id, seq_id), now)
+                updated.append(seq)
+            raise AssertionError("unreachable: a token was missing") from None
+        roster.inflight[slots] -= 1
+        deque(map(list.append, roster.outputs[slots], tokens), 0)
+        roster.num_tokens[slots] += 1
+        roster.last_token_time[slots] = now
+        tokens_left = roster.tokens_left[slots] - 1
+        roster.tokens_left[slots] = tokens_left
+        ends = np.flatnonzero(tokens_left <= 0)
+        stop_ids = roster.stop_ids()
+        if len(stop_ids):
+            hits = np.flatnonzero(np.isin(np.array(tokens, np.int64), stop_ids))
+            if len(hits):
+                ends = np.union1d(ends, hits)
+        seq_list: list[Sequence] = seqs.tolist()
+        if len(ends):
+            for i in ends.tolist():  # in micro-batch order, as finished_seq_ids lists them
+                seq = seq_list[i]
+                if len(seq.output_token_ids) >= seq.max_tokens:
+                    self._finish(seq, FinishReason.LENGTH)
+                elif tokens[i] in seq.stop_token_ids:
+                    self._finish(seq, FinishReason.STOP)
+        updated.extend(seq_list)
 
     def reset_inflight(self) -> list[Sequence]:
         """The pipeline was rebuilt: every micro-batch in flight is lost and the new workers hold
@@ -170,6 +259,8 @@ class Scheduler:
                 return None
         block_id = bm.allocate_one()
         seq.block_ids.append(block_id)
+        if seq._roster is not None:
+            seq._roster.kv_capacity[seq._slot] += bm.block_size
         return block_id
 
     def _pick_victim(self) -> Sequence | None:
@@ -178,8 +269,28 @@ class Scheduler:
             return None
         return max(candidates, key=lambda s: (s.arrival_time, s.seq_id))
 
+    # ---- membership -----------------------------------------------------------------------
+    def admit(self, seq: Sequence) -> None:
+        """seq (holding its KV blocks now) joins the running sequences, last in order."""
+        seq._admit_no = self._next_admit_no
+        self._next_admit_no += 1
+        self.running[seq.seq_id] = seq
+        self.not_decoding[seq.seq_id] = seq
+
+    def join_roster(self, seq: Sequence) -> None:
+        """seq's next work is one decode token: it moves to the decode roster."""
+        del self.not_decoding[seq.seq_id]
+        self.roster.join(seq, seq._admit_no)
+
+    def _stop_running(self, seq: Sequence) -> None:
+        if seq._roster is not None:
+            self.roster.leave(seq)
+        else:
+            self.not_decoding.pop(seq.seq_id, None)
+
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: free its blocks, forget its progress, put it first in the queue."""
+        self._stop_running(seq)
         self.block_manager.free(seq.block_ids)
         seq.block_ids = []
         seq.num_computed_tokens = 0
@@ -192,6 +303,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self._stop_running(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.free(seq.block_ids)
@@ -235,5 +347,16 @@ class Scheduler:
             assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq
             assert seq.num_computed_tokens == 0, seq
         assert len(self.running) + len(self.waiting) == len(self._live)
+        self.roster.check_invariants()
+        on_roster = [s for s in self.running.values() if s._roster is not None]
+        assert len(on_roster) == self.roster.size
+        assert [s.seq_id for s in self.running.values() if s._roster is None] == list(
+            self.not_decoding
+        ), "not_decoding is not the running sequences off the roster, in admission order"
+        assert [int(self.roster.seq_ids[slot]) for slot in self.roster.order()] == [
+            s.seq_id for s in on_roster
+        ], "the roster's order is not the admission order"
+        for seq in self.not_decoding.values():
+            assert seq.num_uncomputed_tokens != 1 or not seq.output_token_ids, f"{seq} decodes"
         assert len(self._inflight) <= self.config.pipeline_depth
         self.block_manager.check_invariants(s.block_ids for s in self.running.values())

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from controller.scheduler.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from controller.scheduler.decode_roster import DecodeRoster
 
 
 class SequenceStatus(enum.Enum):
@@ -61,21 +65,27 @@ class Sequence:
     `num_computed_tokens` counts the tokens whose KV is computed or being computed by a micro-batch
     in flight; it catches up with `num_tokens` (prompt plus output). Prefill, chunked prefill,
     decode and recompute after preemption are all the same rule: schedule the tokens in between.
+
+    While the sequence decodes, the scheduler's decode roster holds `num_computed_tokens`,
+    `num_inflight_batches` and `last_token_time` (see decode_roster.py); the properties below
+    read and write whichever holds them.
     """
 
     __slots__ = (
+        "_admit_no",
+        "_last_token_time",
+        "_num_computed_tokens",
+        "_num_inflight_batches",
+        "_roster",
+        "_slot",
         "arrival_time",
         "block_ids",
         "finish_reason",
         "first_scheduled_time",
         "first_token_time",
-        "last_token_time",
         "max_tokens",
         "needs_worker_state",
-        "num_computed_tokens",
-        "num_inflight_batches",
         "num_preemptions",
-        "num_tokens",
         "output_token_ids",
         "params",
         "prompt_token_ids",
@@ -94,20 +104,71 @@ class Sequence:
         # Copies of hot fields, read once per step per sequence.
         self.max_tokens = params.max_tokens
         self.stop_token_ids = params.stop_token_ids
-        self.num_tokens = len(prompt_token_ids)
-        """Prompt plus output tokens (kept in step with output_token_ids by append_token)."""
         self.arrival_time = arrival_time
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0
-        self.num_inflight_batches = 0
+        self._num_computed_tokens = 0
+        self._num_inflight_batches = 0
+        self._last_token_time: float | None = None
+        self._roster: DecodeRoster | None = None
+        self._slot = -1
+        self._admit_no = -1  # the scheduler's admission counter, set when admitted
         self.block_ids: list[int] = []
         # True until the workers have seen this sequence's first chunk (again after a preemption).
         self.needs_worker_state = True
         self.num_preemptions = 0
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
         self.finish_reason: FinishReason | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        roster = self._roster
+        if roster is None:
+            return self._num_computed_tokens
+        return int(roster.computed[self._slot])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        roster = self._roster
+        if roster is None:
+            self._num_computed_tokens = value
+        else:
+            roster.computed[self._slot] = value
+
+    @property
+    def num_inflight_batches(self) -> int:
+        roster = self._roster
+        if roster is None:
+            return self._num_inflight_batches
+        return int(roster.inflight[self._slot])
+
+    @num_inflight_batches.setter
+    def num_inflight_batches(self, value: int) -> None:
+        roster = self._roster
+        if roster is None:
+            self._num_inflight_batches = value
+        else:
+            roster.inflight[self._slot] = value
+
+    @property
+    def last_token_time(self) -> float | None:
+        roster = self._roster
+        if roster is None:
+            return self._last_token_time
+        return float(roster.last_token_time[self._slot])
+
+    @last_token_time.setter
+    def last_token_time(self, value: float) -> None:
+        roster = self._roster
+        if roster is None:
+            self._last_token_time = value
+        else:
+            roster.last_token_time[self._slot] = value
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -115,7 +176,10 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
-        self.num_tokens += 1
+        roster = self._roster
+        if roster is not None:
+            roster.num_tokens[self._slot] += 1
+            roster.tokens_left[self._slot] -= 1
 
     @property
     def is_decoding(self) -> bool:
