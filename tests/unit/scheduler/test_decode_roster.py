@@ -236,9 +236,7 @@ def test_vector_decodes_match_the_one_by_one_walk(
         builder = BatchBuilder(sched, 100.0)
         builder.num_tokens = 12  # 4 decodes fit when capped; 7 are ready
         if one_by_one:
-            added = builder._add_decodes_one_by_one(
-                sched.roster.order(), 4 if capped else 1 << 30
-            )
+            added = builder._add_decodes_one_by_one(sched.roster.order(), 4 if capped else 1 << 30)
         else:
             added = builder.add_decodes(capped)
         assert builder.decodes is not None and added == len(builder.decodes.seq_ids)
