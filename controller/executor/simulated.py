@@ -144,7 +144,7 @@ def run_simulation(
     while next_arrival < num_requests or scheduler.has_unfinished:
         # 1. Results that are back: the engine applies them first.
         for done_s, batch in pipeline.pop_completed(now):
-            sampled = {c.seq_id: 0 for c in batch.chunks if c.yields_token}
+            sampled = dict.fromkeys(batch.yielding_seq_ids(), 0)
             for seq in scheduler.on_result(batch.batch_id, sampled, done_s):
                 sid = seq.seq_id
                 previous = last_token_s.get(sid)

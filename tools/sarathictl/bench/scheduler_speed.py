@@ -33,7 +33,7 @@ def _decoding_scheduler(policy: str, num_seqs: int, prompt_len: int) -> Schedule
     while sched.num_waiting or any(not s.is_decoding for s in sched.running.values()):
         batch = sched.schedule(0.0)
         assert batch is not None
-        sched.on_result(batch.batch_id, {c.seq_id: 2 for c in batch.chunks if c.yields_token}, 0.0)
+        sched.on_result(batch.batch_id, dict.fromkeys(batch.yielding_seq_ids(), 2), 0.0)
     return sched
 
 
@@ -51,8 +51,9 @@ def measure_step_ms(
     for step in range(num_steps):
         start = clock()
         batch = sched.schedule(float(step))
-        assert batch is not None and len(batch.chunks) == num_seqs
-        sampled = {c.seq_id: 2 for c in batch.chunks}
+        assert batch is not None and batch.num_chunks == num_seqs
+        # The result as the wire decoder hands it over: seq_id -> token for every yielding chunk.
+        sampled = dict.fromkeys(batch.yielding_seq_ids(), 2)
         sched.on_result(batch.batch_id, sampled, float(step))
         samples.append((clock() - start) * 1e3)
     gc.unfreeze()
