@@ -39,8 +39,8 @@ class DecodeRoster:
         """num_inflight_batches."""
         self.kv_capacity: IntArray = np.zeros(capacity, np.int64)
         """Tokens the sequence's KV blocks hold: len(block_ids) * block_size."""
-        self.tokens_left: IntArray = np.zeros(capacity, np.int64)
-        """max_tokens minus output tokens: the sequence finishes by length at 0."""
+        self.max_num_tokens: IntArray = np.zeros(capacity, np.int64)
+        """Prompt plus max_tokens: the sequence finishes by length when num_tokens reaches it."""
         self.admit_no: IntArray = np.zeros(capacity, np.int64)
         """Admission counter: the roster's order is the scheduler's `running` order."""
         self.last_token_time: npt.NDArray[np.float64] = np.zeros(capacity, np.float64)
@@ -69,7 +69,7 @@ class DecodeRoster:
         self.num_tokens[slot] = seq.num_tokens
         self.inflight[slot] = seq._num_inflight_batches
         self.kv_capacity[slot] = len(seq.block_ids) * self.block_size
-        self.tokens_left[slot] = seq.max_tokens - len(seq.output_token_ids)
+        self.max_num_tokens[slot] = len(seq.prompt_token_ids) + seq.max_tokens
         self.admit_no[slot] = admit_no
         last = seq._last_token_time
         self.last_token_time[slot] = 0.0 if last is None else last
@@ -117,7 +117,7 @@ class DecodeRoster:
             "num_tokens",
             "inflight",
             "kv_capacity",
-            "tokens_left",
+            "max_num_tokens",
             "admit_no",
             "last_token_time",
             "id_objs",
@@ -163,7 +163,7 @@ class DecodeRoster:
             assert self.outputs[slot] is seq.output_token_ids and seq.output_token_ids, seq
             assert self.block_lists[slot] is seq.block_ids, seq
             assert self.kv_capacity[slot] == len(seq.block_ids) * self.block_size, seq
-            assert self.tokens_left[slot] == seq.max_tokens - len(seq.output_token_ids), seq
+            assert self.max_num_tokens[slot] == len(seq.prompt_token_ids) + seq.max_tokens, seq
         assert set(self._stop_counts) == {
             t for slot in slots.tolist() for t in self.seqs[slot].stop_token_ids
         }

@@ -124,8 +124,10 @@ class Scheduler:
             self._apply_chunks(chunks, batch_id, sampled, now, updated)
             return updated
         at = batch.decodes_at
-        self._apply_chunks(chunks[:at], batch_id, sampled, now, updated)
-        self._apply_decodes(block, batch_id, sampled, now, updated)
+        before = chunks[:at]
+        self._apply_chunks(before, batch_id, sampled, now, updated)
+        first_token = sum(1 for c in before if c.yields_token)
+        self._apply_decodes(block, batch_id, sampled, first_token, now, updated)
         self._apply_chunks(chunks[at:], batch_id, sampled, now, updated)
         return updated
 
@@ -172,10 +174,13 @@ class Scheduler:
         block: DecodeBlock,
         batch_id: int,
         sampled: Mapping[int, int],
+        block_first_token: int,
         now: float,
         updated: list[Sequence],
     ) -> None:
-        """The decode block's tokens, with vector operations on the roster's columns."""
+        """The decode block's tokens, with vector operations on the roster's columns.
+        block_first_token: yielding chunks before the block (where its tokens start in a
+        sampled map in micro-batch order)."""
         roster = self.roster
         slots, ids, seqs = block.slots, block.seq_ids, block.seqs
         if roster.num_leaves != block.roster_leaves:
@@ -187,22 +192,28 @@ class Scheduler:
                 ids = [seq_id for seq_id, keep in zip(ids, alive.tolist(), strict=True) if keep]
         if not ids:
             return
-        try:
-            tokens = itemgetter(*ids)(sampled) if len(ids) > 1 else (sampled[ids[0]],)
-        except KeyError:
-            # A token is missing: apply them one by one up to it, then raise, as for chunks.
-            for seq_id, seq in zip(ids, seqs.tolist(), strict=True):
-                seq.num_inflight_batches -= 1
-                self._apply_token(seq, self._token_for(sampled, batch_id, seq_id), now)
-                updated.append(seq)
-            raise AssertionError("unreachable: a token was missing") from None
+        num = len(ids)
+        keys = list(sampled)
+        first = block_first_token  # where the block's tokens start in sampled, if in order
+        if keys[first : first + num] == ids:
+            # The usual case: the map is in micro-batch order (as the wire result is).
+            tokens = list(sampled.values())[first : first + num]
+        else:
+            try:
+                tokens = list(itemgetter(*ids)(sampled)) if num > 1 else [sampled[ids[0]]]
+            except KeyError:
+                # A token is missing: apply them one by one up to it, then raise, as for chunks.
+                for seq_id, seq in zip(ids, seqs.tolist(), strict=True):
+                    seq.num_inflight_batches -= 1
+                    self._apply_token(seq, self._token_for(sampled, batch_id, seq_id), now)
+                    updated.append(seq)
+                raise AssertionError("unreachable: a token was missing") from None
         roster.inflight[slots] -= 1
         deque(map(list.append, roster.outputs[slots], tokens), 0)
-        roster.num_tokens[slots] += 1
+        num_tokens = roster.num_tokens[slots] + 1
+        roster.num_tokens[slots] = num_tokens
         roster.last_token_time[slots] = now
-        tokens_left = roster.tokens_left[slots] - 1
-        roster.tokens_left[slots] = tokens_left
-        ends = np.flatnonzero(tokens_left <= 0)
+        ends = np.flatnonzero(num_tokens >= roster.max_num_tokens[slots])
         stop_ids = roster.stop_ids()
         if len(stop_ids):
             hits = np.flatnonzero(np.isin(np.array(tokens, np.int64), stop_ids))

@@ -179,7 +179,6 @@ class Sequence:
         roster = self._roster
         if roster is not None:
             roster.num_tokens[self._slot] += 1
-            roster.tokens_left[self._slot] -= 1
 
     @property
     def is_decoding(self) -> bool:

@@ -50,7 +50,7 @@ def test_join_grow_order_and_leave_keep_counters_with_their_sequence() -> None:
     assert seqs[2].num_computed_tokens == 4 and seqs[2].last_token_time == 9.0
     seqs[2].append_token(7)
     assert roster.num_tokens[seqs[2]._slot] == 5 == seqs[2].num_tokens
-    assert roster.tokens_left[seqs[2]._slot] == 6
+    assert roster.max_num_tokens[seqs[2]._slot] == 11
     freed_slot = seqs[2]._slot
     roster.leave(seqs[2])
     assert seqs[2]._roster is None
@@ -248,3 +248,22 @@ def test_vector_decodes_match_the_one_by_one_walk(
         return [tuple(c) for c in batch.chunks], state
 
     assert build(one_by_one=False) == build(one_by_one=True)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_tokens_are_matched_by_seq_id_whatever_the_order_of_the_map(reverse: bool) -> None:
+    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+    seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
+    pipe = FakePipeline(sched)
+    _decoding(sched, pipe)
+    add_request(sched, 9, prompt_len=5, max_tokens=10)  # a prefill chunk after the decodes
+    (batch,) = pipe.fill()
+    assert batch.decodes is not None and batch.decodes_at == 0
+    assert batch.yielding_seq_ids() == [0, 1, 2, 9]
+    items = [(0, 50), (1, 51), (2, 52), (9, 59)]
+    sampled = dict(reversed(items) if reverse else items)
+    updated = sched.on_result(batch.batch_id, sampled, 1.0)
+    assert [s.seq_id for s in updated] == [0, 1, 2, 9]
+    assert [s.output_token_ids[-1] for s in seqs] == [50, 51, 52]
+    assert sched.get(9).output_token_ids == [59]  # type: ignore[union-attr]
+    sched.check_invariants()
