@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 from controller.scheduler.sequence import SamplingParams
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
+
+_prompt_of = attrgetter("prompt_token_ids")
+_output_of = attrgetter("output_token_ids")
 
 
 class ScheduledChunk(NamedTuple):
@@ -100,26 +106,27 @@ class MicroBatch:
             return self._chunks
         if self._all is not None:
             return self._all
-        new_blocks = dict(zip(block.new_block_at, block.new_block_ids, strict=True))
-        new_chunk = tuple.__new__  # skips NamedTuple's Python-level __new__
-        decodes = [
-            new_chunk(
-                ScheduledChunk,
-                (
-                    seq_id,
-                    position,
-                    1,
-                    True,
-                    (new_blocks[i],) if i in new_blocks else (),
-                    # The decode's token is the last one known when it was scheduled.
-                    [seq.output_token_ids[position - len(seq.prompt_token_ids)]],
-                    None,
-                ),
-            )
-            for i, (seq_id, position, seq) in enumerate(
-                zip(block.seq_ids, block.positions.tolist(), block.seqs, strict=True)
-            )
-        ]
+        # Built with C-level maps, not a Python loop: this runs for every decode of every
+        # micro-batch that is encoded for the wire or costed by the simulator.
+        num = len(block.seq_ids)
+        seqs = block.seqs.tolist()
+        num_prompt = np.fromiter(map(len, map(_prompt_of, seqs)), np.int64, num)
+        # The decode's token is the last one known when it was scheduled.
+        output_index = (block.positions - num_prompt).tolist()
+        tokens = map(list.__getitem__, map(_output_of, seqs), output_index)
+        new_block_ids: list[tuple[int, ...]] = [()] * num
+        for i, block_id in zip(block.new_block_at, block.new_block_ids, strict=True):
+            new_block_ids[i] = (block_id,)
+        fields = zip(
+            block.seq_ids,
+            block.positions.tolist(),
+            repeat(1),
+            repeat(True),
+            new_block_ids,
+            map(list, zip(tokens)),  # [token]
+            repeat(None),
+        )
+        decodes = list(map(tuple.__new__, repeat(ScheduledChunk), fields))
         at = self.decodes_at
         self._all = self._chunks[:at] + decodes + self._chunks[at:]
         return self._all
