@@ -1,6 +1,7 @@
 """Tensor-parallel building blocks. Each layer holds only its rank's share of the weights;
 collectives are called by the model code, where a reader can see them."""
 
+from stage_worker.layers import onednn
 from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from stage_worker.layers.linear import ColumnParallelLinear, RowParallelLinear
 from stage_worker.layers.norm import LayerNorm, RMSNorm
@@ -14,4 +15,5 @@ __all__ = [
     "RotaryEmbedding",
     "RowParallelLinear",
     "VocabParallelEmbedding",
+    "onednn",
 ]

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from stage_worker.comm import TPGroup
+from stage_worker.layers import onednn
 
 
 def vocab_range(vocab_size: int, tp: int, tp_rank: int) -> tuple[int, int]:
@@ -52,10 +53,23 @@ class ParallelLMHead(nn.Module):
             torch.empty(self.stop - self.start, hidden_size, device=device, dtype=dtype),
             requires_grad=False,
         )
+        # The weight in oneDNN's layout when it must also stay plain: a tied head shares its
+        # rows with the embedding, whose lookups need the strided tensor (one extra copy).
+        self.packed: torch.Tensor | None = None
+
+    def pack(self, shared_with_embedding: bool) -> None:
+        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if not onednn.can_pack(self.weight):
+            return
+        if shared_with_embedding:
+            self.packed = onednn.pack(self.weight.data)
+        else:
+            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
-        logits = nn.functional.linear(hidden, self.weight).float()
+        weight = self.packed if self.packed is not None else self.weight
+        logits = onednn.linear(hidden, weight).float()
         if self.tp.size == 1:
             return logits
         pad = self.per_rank - logits.shape[1]

@@ -4,12 +4,15 @@ Column-parallel: the rank holds output rows [out_local, in]; its output is its s
 features and needs no communication. Row-parallel: the rank holds input columns
 [out, in_local]; its output is a partial sum the caller all-reduces over the TP group (the model
 calls `tp.all_reduce` itself, so the collective is visible where it happens).
+After loading, `pack()` swaps a CPU bf16 weight for its oneDNN-blocked form (see onednn.py).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from stage_worker.layers import onednn
 
 
 class ColumnParallelLinear(nn.Module):
@@ -24,9 +27,14 @@ class ColumnParallelLinear(nn.Module):
         """rows: [out_local, in_features], this rank's rows of the full weight."""
         self.weight.data.copy_(rows)
 
+    def pack(self) -> None:
+        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if onednn.can_pack(self.weight):
+            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in_features] -> [num_tokens, out_local]
-        return nn.functional.linear(x, self.weight)
+        return onednn.linear(x, self.weight)
 
 
 class RowParallelLinear(nn.Module):
@@ -41,6 +49,11 @@ class RowParallelLinear(nn.Module):
         """cols: [out_features, in_local], this rank's columns of the full weight."""
         self.weight.data.copy_(cols)
 
+    def pack(self) -> None:
+        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if onednn.can_pack(self.weight):
+            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in_local] -> partial sums [num_tokens, out_features]
-        return nn.functional.linear(x, self.weight)
+        return onednn.linear(x, self.weight)

@@ -12,7 +12,13 @@ from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import ParallelLMHead, RotaryEmbedding, VocabParallelEmbedding
+from stage_worker.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 
 
 class StageLayer(nn.Module):
@@ -93,6 +99,16 @@ class StageModel(nn.Module):
                 self.lm_head.weight.data.copy_(
                     reader.rows(name, shape, self.lm_head.start, self.lm_head.stop)
                 )
+        self.pack()
+
+    def pack(self) -> None:
+        """Weights into the matmul kernels' own layout, once all are loaded (onednn.py)."""
+        for module in self.modules():
+            if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+                module.pack()
+        if self.lm_head is not None:
+            shared = self.embed is not None and self.lm_head.weight is self.embed.weight
+            self.lm_head.pack(shared)
 
     # ---- compute ---------------------------------------------------------------------------
     def forward(
