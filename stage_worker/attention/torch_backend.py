@@ -22,7 +22,8 @@ class _Prefill:
 @dataclass
 class _Decodes:
     rows: torch.Tensor  # [batch] index of each decode token in the step
-    block_table: torch.Tensor  # [batch, max_blocks] (padded with block 0)
+    only_decodes: bool  # the step is these decodes alone, in order: rows == arange(batch)
+    block_table: torch.Tensor  # [batch * max_blocks] (padded with block 0), flattened
     max_context_len: int
     mask: torch.Tensor | None  # [batch, 1, 1, max_context_len] True = attend; None: all valid
 
@@ -71,7 +72,8 @@ class TorchAttention:
                 ]
             meta.extra["torch_decodes"] = _Decodes(
                 torch.tensor(decode_rows, device=device),
-                torch.tensor(padded, device=device),
+                not prefills and decode_rows == list(range(len(decode_rows))),
+                torch.tensor(padded, device=device).flatten(),
                 max_len,
                 mask,
             )
@@ -89,6 +91,10 @@ class TorchAttention:
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        decodes: _Decodes | None = meta.extra["torch_decodes"]  # type: ignore[assignment]
+        if decodes is not None and decodes.only_decodes:
+            # a decode-only step (the common one) needs no scatter into a fresh output
+            return self._decode(q, k_cache, v_cache, decodes)
         flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, Hkv, D]
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         out = torch.empty_like(q)
@@ -102,7 +108,6 @@ class TorchAttention:
             vi = flat_v[p.context_slots].transpose(0, 1)[None]
             oi = sdpa(qi, ki, vi, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True)
             out[rows] = oi[0].transpose(0, 1)
-        decodes: _Decodes | None = meta.extra["torch_decodes"]  # type: ignore[assignment]
         if decodes is not None:
             out[decodes.rows] = self._decode(q[decodes.rows], k_cache, v_cache, decodes)
         return out
@@ -116,9 +121,13 @@ class TorchAttention:
         batch, num_q_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         group = num_q_heads // num_kv_heads
-        # [B, max_blocks, block_size, Hkv, D] -> [B, Hkv, L, D]
-        k = k_cache[d.block_table].flatten(1, 2)[:, : d.max_context_len].permute(0, 2, 1, 3)
-        v = v_cache[d.block_table].flatten(1, 2)[:, : d.max_context_len].permute(0, 2, 1, 3)
+        # index_select of whole blocks (cheaper than advanced indexing with a 2-D table):
+        # [B * max_blocks, block_size, Hkv, D] -> [B, max_blocks * block_size, Hkv, D]
+        k = k_cache.index_select(0, d.block_table).view(batch, -1, num_kv_heads, head_dim)
+        v = v_cache.index_select(0, d.block_table).view(batch, -1, num_kv_heads, head_dim)
+        # -> [B, Hkv, L, D]
+        k = k[:, : d.max_context_len].permute(0, 2, 1, 3)
+        v = v[:, : d.max_context_len].permute(0, 2, 1, 3)
         qg = q.view(batch, num_kv_heads, group, head_dim)  # query heads grouped by KV head
         scores = torch.matmul(qg, k.transpose(-1, -2)).float() * head_dim**-0.5  # [B, Hkv, G, L]
         if d.mask is not None:

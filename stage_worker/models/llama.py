@@ -84,10 +84,11 @@ class LlamaLayer(StageLayer):
         d = self.spec.head_dim
         nq, nkv = len(self.q_heads), len(self.kv_heads)
         qkv = self.qkv(self.input_norm(x))  # [T, (nq + 2 nkv) * d]
-        q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+        qk, v = qkv.split([(nq + nkv) * d, nkv * d], dim=-1)
         cos, sin = cos_sin
-        q = RotaryEmbedding.apply(q.view(-1, nq, d), cos, sin)  # [T, nq, d]
-        k = RotaryEmbedding.apply(k.view(-1, nkv, d), cos, sin)  # [T, nkv, d]
+        # q and k heads sit side by side: one rotation for both halves the per-layer op count
+        qk = RotaryEmbedding.apply(qk.view(-1, nq + nkv, d), cos, sin)  # [T, nq + nkv, d]
+        q, k = qk.split([nq, nkv], dim=1)  # [T, nq, d], [T, nkv, d]
         attn = attention.forward(q, k, v.view(-1, nkv, d), kv[0], kv[1], meta)  # [T, nq, d]
         x = x + self.tp.all_reduce(self.o_proj(attn.reshape(-1, nq * d)))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)  # [T, F] each
