@@ -106,7 +106,8 @@ class Engine:
         self.last_progress_time = self.started_at
         """When a micro-batch last completed (or the engine last had nothing to do)."""
         self.overhead_s = 0.0
-        """Controller time spent scheduling, encoding, sending and applying results."""
+        """CPU seconds of this thread spent scheduling, encoding, sending and applying results
+        (thread CPU time, so waiting for a core on a busy machine is not counted as work)."""
 
     # ---- API side ---------------------------------------------------------------------------
     def add(self, request: GenerationRequest) -> RequestHandle:
@@ -148,7 +149,7 @@ class Engine:
     # ---- pipeline side ----------------------------------------------------------------------
     def on_result(self, batch_id: int, sampled: dict[int, int]) -> None:
         """Applies a micro-batch's sampled tokens and streams them to their requests."""
-        start = time.perf_counter()
+        start = time.thread_time()
         now = self.clock()
         self.last_progress_time = now
         for seq in self.scheduler.on_result(batch_id, sampled, now):
@@ -164,7 +165,7 @@ class Engine:
                 self._finish(handle, seq, text, now, token_id, hit_stop)
             else:
                 handle.events.put_nowait(StreamEvent(text, [token_id]))
-        self.overhead_s += time.perf_counter() - start
+        self.overhead_s += time.thread_time() - start
         self._wake.set()
 
     def _record_latency(self, handle: RequestHandle, now: float) -> None:
@@ -257,13 +258,13 @@ class Engine:
         )
         while True:
             self._wake.clear()
-            start = time.perf_counter()
+            start = time.thread_time()
             if not self.scheduler.has_unfinished:
                 self.last_progress_time = self.clock()  # idle is not stalled
             while self.pipeline_up and (batch := self.scheduler.schedule(self.clock())) is not None:
                 await self.pipeline.submit(batch)
                 self.num_steps += 1
-            self.overhead_s += time.perf_counter() - start
+            self.overhead_s += time.thread_time() - start
             if self.metrics:
                 self.metrics.on_scheduler_state(self.scheduler)
             await self._wake.wait()

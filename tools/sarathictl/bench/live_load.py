@@ -45,7 +45,7 @@ class LiveRun:
     num_steps: int = 0
     """Micro-batches the controller issued during the run."""
     controller_busy_s: float = 0.0
-    """Controller time spent scheduling, encoding, sending and applying results in the run."""
+    """Controller CPU time spent scheduling, encoding, sending and applying results in the run."""
 
     @property
     def controller_share_of_step(self) -> float:
