@@ -219,19 +219,21 @@ class PipelineExecutor:
             if not self.up:
                 continue
             now = time.monotonic()
+            lost = []  # every lost worker is named, as in submit()
             for info in list(self.slots.workers.values()):
                 silent_s = now - info.last_seen_s
                 if silent_s > self.heartbeat_timeout_s:
-                    await self.fail(
+                    lost.append(
                         f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) sent no "
                         f"heartbeat for {silent_s:.1f} s"
                     )
-                    break
+                    continue
                 try:
                     await self.channel.send_bytes(info.identity, ping)
                 except zmq.ZMQError as err:
-                    await self.fail(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
-                    break
+                    lost.append(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
+            if lost:
+                await self.fail("; ".join(lost))
 
     # ---- serving --------------------------------------------------------------------------
     async def submit(self, batch: MicroBatch) -> None:
@@ -243,14 +245,19 @@ class PipelineExecutor:
         rest = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=False))
         first_bytes, rest_bytes = first.SerializeToString(), rest.SerializeToString()
         self.last_submitted_batch_id = batch.batch_id
+        # Every worker is tried before the pipeline is declared down: when one dies its
+        # neighbours' links break and they exit too, and status must name every stage that is
+        # gone, not only the first one in send order.
+        unreachable = []
         for (stage, rank), info in list(self.slots.workers.items()):
             try:
                 await self.channel.send_bytes(
                     info.identity, first_bytes if stage == 0 else rest_bytes
                 )
             except zmq.ZMQError as err:  # the worker's socket is gone: it died
-                await self.fail(f"stage {stage} rank {rank} unreachable: {err}")
-                return
+                unreachable.append(f"stage {stage} rank {rank} unreachable: {err}")
+        if unreachable:
+            await self.fail("; ".join(unreachable))
 
     async def _receive_loop(self) -> None:
         while True:

@@ -1,4 +1,5 @@
-"""Who may join a pipeline: places, the model check, and refusals an operator can see."""
+"""Who may join a pipeline and when it is down: places, the model check, refusals and lost
+workers as an operator sees them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from typing import Any, cast
 
 import pytest
+import zmq
 from sarathi_proto import stage_pb2
 
 from controller.config import ParallelConfig
@@ -13,6 +15,7 @@ from controller.executor.control_channel import ControlChannel
 from controller.executor.membership import PipelineSlots
 from controller.executor.pipeline import PipelineExecutor
 from controller.health_watch import diagnose
+from controller.scheduler import MicroBatch
 
 
 def hello(stage: int = -1, rank: int = -1, model: str = "m", worker: str = "w") -> Any:
@@ -70,3 +73,36 @@ def test_a_refused_worker_is_told_why_and_the_reason_reaches_status() -> None:
     # While the pipeline is not up, the health diagnosis (Status.problem) carries the refusal.
     problem = diagnose(cast(Any, None), pipeline, stall_timeout_s=30.0)
     assert "refused worker w1 from 10.0.0.9: worker serves model 'falcon-7b'" in problem
+
+
+class GoneWorkersChannel(RecordingChannel):
+    """A ROUTER socket whose peers in `gone` have disconnected (ROUTER_MANDATORY raises)."""
+
+    def __init__(self, gone: set[bytes]) -> None:
+        super().__init__()
+        self.gone = gone
+
+    async def send_bytes(self, identity: bytes, payload: bytes) -> None:
+        if identity in self.gone:
+            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+        self.sent.append((identity, stage_pb2.ControllerMessage.FromString(payload)))
+
+
+def test_a_plan_that_finds_workers_gone_names_every_one_of_them() -> None:
+    # Stage 1 is killed; stage 0 exits too once its link breaks. The status must name stage 1,
+    # although stage 0 comes first in send order.
+    channel = GoneWorkersChannel(gone={b"s0", b"s1"})
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=3, tp=1), "m", "", 29500
+    )
+    for stage in range(3):
+        pipeline.slots.claim(f"s{stage}".encode(), hello(stage=stage, rank=0))
+    pipeline.up = True
+    asyncio.run(pipeline.submit(MicroBatch(1, [], [], 0)))
+
+    assert not pipeline.up
+    assert "stage 0 rank 0 unreachable" in pipeline.down_reason
+    assert "stage 1 rank 0 unreachable" in pipeline.down_reason
+    assert "stage 2" not in pipeline.down_reason
+    # Every worker still reachable was told to exit, so the whole pipeline is rebuilt.
+    assert [(i, m.WhichOneof("body")) for i, m in channel.sent][-1] == (b"s2", "shutdown")
