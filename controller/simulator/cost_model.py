@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from controller.scheduler import MicroBatch
 from controller.simulator.hardware import GpuSpec, LinkSpec, get_link
 from controller.simulator.models import BYTES_PER_PARAM, ModelSpec
@@ -235,7 +237,14 @@ class AnalyticCostModel:
         decode_context = 0
         prefill_s = 0.0
         num_sampled = 0
-        for chunk in batch.chunks:
+        block = batch.decodes
+        if block is not None:  # the decode roster's decodes, as columns: no per-decode records
+            contexts = block.positions + 1
+            if window:
+                contexts = np.minimum(contexts, window)
+            decode_context = int(contexts.sum())
+            num_sampled = len(block.seq_ids)
+        for chunk in batch.other_chunks:
             n = chunk.num_tokens
             context = chunk.first_position + n
             if chunk.yields_token:
