@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sarathictl.bench.random_model import FalconShape
+from sarathictl.bench.random_model import FalconShape, write_random_falcon
 from sarathictl.model_prep import DTYPE_NAMES, default_cache_dir, default_model_dir
 
 
@@ -88,8 +88,6 @@ def run_prepare_demo(args: argparse.Namespace) -> int:
 
 
 def run_random_falcon(args: argparse.Namespace) -> int:
-    from sarathictl.bench.random_model import write_random_falcon
-
     shape = FalconShape(
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_layers,
