@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from sarathictl.bench.random_model import write_byte_tokenizer
 
+from tests.unit.stage_worker import tiny_models
+
 VOCAB_SIZE = 320  # the tokenizer uses 300 of them; the rest are never produced by it
 
 
@@ -51,17 +53,4 @@ def oracle_greedy_many(
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outputs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        outputs.append([int(t) for t in out[0, len(prompt) :]])
-    return outputs
+    return [tiny_models.oracle_greedy(model, prompt, max_new_tokens) for prompt in prompts]
