@@ -185,7 +185,8 @@ def run_simulation(
             if new_batch is not None:
                 pipeline.submit(new_batch, now)
                 if stop_delay_s is not None:
-                    for chunk in new_batch.chunks:
+                    # Decodes never start a prompt: only the other chunks are looked at.
+                    for chunk in new_batch.other_chunks:
                         if chunk.first_position == 0 and chunk.seq_id not in late_seq_ids:
                             admitted = scheduler.get(chunk.seq_id)
                             if admitted is not None and now - admitted.arrival_time > stop_delay_s:

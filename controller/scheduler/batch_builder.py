@@ -20,15 +20,21 @@ if TYPE_CHECKING:
     from controller.scheduler.scheduler import Scheduler
 
 
+# ScheduledChunk's generated __new__ is a Python function; tuple.__new__ builds the same record
+# in C, for the per-decode records.
+_new_chunk = tuple.__new__
+
+
 class BatchBuilder:
     def __init__(self, scheduler: Scheduler, now: float) -> None:
         self._sched = scheduler
         self._now = now
         self.chunks: list[ScheduledChunk] = []
-        """Every chunk but the decodes of roster sequences, which go in `decodes`."""
+        """Every chunk but the decodes that go as a vector block, in `decodes`."""
         self.decodes: DecodeBlock | None = None
         self.decodes_at = 0
         """Index in `chunks` the decode block goes before."""
+        self._decodes_added = False
         self.num_tokens = 0
         self.budget_tokens = scheduler.config.budget_tokens
 
@@ -46,31 +52,43 @@ class BatchBuilder:
         arrival first) when a decode needs a new KV block and none is free. Returns the number
         added.
 
-        This runs for every decoding sequence on every step, so it works on the decode roster's
-        columns: a few vector operations, whatever the number of sequences."""
-        assert self.decodes is None, "add_decodes called twice for one micro-batch"
+        This runs for every decoding sequence on every step. Many decodes go as one vector
+        block over the decode roster's columns (a few numpy operations, whatever their number);
+        a few go as per-sequence chunks, because each numpy call costs a microsecond or so and a
+        dozen of them outweigh a short Python loop (scheduler.vector_decodes_from draws the
+        line)."""
+        assert not self._decodes_added, "add_decodes called twice for one micro-batch"
+        self._decodes_added = True
         sched = self._sched
         roster = sched.roster
         if not roster.size:
             return 0
         order = roster.order()
+        if roster.size < sched.vector_decodes_from:
+            limit = self.budget_tokens - self.num_tokens if capped else roster.size
+            return self._add_decodes_as_chunks(order, limit)
         computed = roster.computed[order]
         ready = computed < roster.num_tokens[order]  # else its last token is still in flight
         if not sched.config.pipeline_prefill_chunks:
             ready &= roster.inflight[order] == 0
-        picked = np.flatnonzero(ready)
-        limit = self.budget_tokens - self.num_tokens if capped else len(picked)
-        if limit < len(picked):
-            picked = picked[: max(limit, 0)]
-        if not len(picked):
+        # ndarray.nonzero, not np.flatnonzero: the same on 1-d arrays, without its wrappers'
+        # cost (a few microseconds, on every step).
+        if np.count_nonzero(ready) == len(ready):  # the usual case with one batch in flight
+            slots, positions = order, computed
+        else:
+            picked = ready.nonzero()[0]
+            slots, positions = order[picked], computed[picked]
+        limit = self.budget_tokens - self.num_tokens if capped else len(slots)
+        if limit < len(slots):
+            limit = max(limit, 0)
+            slots, positions = slots[:limit], positions[:limit]
+        if not len(slots):
             return 0
-        slots = order[picked]
-        positions = computed[picked]
-        crossing = np.flatnonzero(positions >= roster.kv_capacity[slots])
+        crossing = (positions >= roster.kv_capacity[slots]).nonzero()[0]
         bm = sched.block_manager
         if len(crossing) > bm.num_free:
             # Some decode would preempt: the exact one-by-one walk decides who.
-            return self._add_decodes_one_by_one(order, limit)
+            return self._add_decodes_as_chunks(order, limit)
         new_block_ids: list[int] = []
         if len(crossing):
             new_block_ids = bm.allocate(len(crossing))
@@ -79,70 +97,68 @@ class BatchBuilder:
             roster.kv_capacity[growing] += bm.block_size
         roster.computed[slots] = positions + 1
         roster.inflight[slots] += 1
-        self._set_decodes(
-            DecodeBlock(
-                slots,
-                roster.num_leaves,
-                roster.id_objs[slots].tolist(),
-                positions,
-                roster.seqs[slots],
-                crossing.tolist(),
-                new_block_ids,
-            )
+        self.decodes = DecodeBlock(
+            slots,
+            roster.num_leaves,
+            roster.id_objs[slots].tolist(),
+            positions,
+            roster.seqs[slots],
+            crossing.tolist(),
+            new_block_ids,
         )
+        self.decodes_at = len(self.chunks)
+        self.num_tokens += len(slots)
         return len(slots)
 
-    def _add_decodes_one_by_one(self, order: npt.NDArray[np.int64], limit: int) -> int:
-        """add_decodes when KV blocks may run out: each decode in turn, growing (and so perhaps
-        preempting) before the next one is looked at."""
+    def _add_decodes_as_chunks(self, order: npt.NDArray[np.int64], limit: int) -> int:
+        """add_decodes one sequence at a time, each decode a chunk of its own: for a few
+        decodes, and when KV blocks may run out (each decode grows, and so perhaps preempts,
+        before the next one is looked at)."""
         sched = self._sched
         roster = sched.roster
         wait_for_batch = not sched.config.pipeline_prefill_chunks
-        slots: list[int] = []
-        positions: list[int] = []
-        new_block_at: list[int] = []
-        new_block_ids: list[int] = []
+        # The array.array twins of the columns: one slot at a time, Python ints are cheaper.
+        computed, num_tokens = roster.py_computed, roster.py_num_tokens
+        inflight, kv_capacity = roster.py_inflight, roster.py_kv_capacity
+        append = self.chunks.append
+        added = 0
         for seq in roster.seqs[order].tolist():
             if seq._roster is None:
                 continue  # preempted by an earlier decode of this loop
             slot = seq._slot
-            position = int(roster.computed[slot])
-            if roster.num_tokens[slot] - position != 1:
+            position = computed[slot]
+            if num_tokens[slot] - position != 1:
+                continue  # its last token is still in flight
+            if wait_for_batch and inflight[slot]:
                 continue
-            if wait_for_batch and roster.inflight[slot]:
-                continue
-            if len(slots) >= limit:
+            if added >= limit:
                 break
-            if position >= roster.kv_capacity[slot]:
+            new_block_ids: tuple[int, ...] = ()
+            if position >= kv_capacity[slot]:
                 block_id = sched.grow_by_one_block(seq)
                 if block_id is None:
                     continue  # preempted itself, or must wait for an in-flight batch to return
-                new_block_at.append(len(slots))
-                new_block_ids.append(block_id)
-            roster.computed[slot] = position + 1
-            roster.inflight[slot] += 1
-            slots.append(slot)
-            positions.append(position)
-        if not slots:
-            return 0
-        slot_array = np.array(slots, np.int64)
-        self._set_decodes(
-            DecodeBlock(
-                slot_array,
-                roster.num_leaves,
-                roster.id_objs[slot_array].tolist(),
-                np.array(positions, np.int64),
-                roster.seqs[slot_array],
-                new_block_at,
-                new_block_ids,
+                new_block_ids = (block_id,)
+            computed[slot] = position + 1
+            inflight[slot] += 1
+            # No sampling params: the workers know a decoding sequence already.
+            append(
+                _new_chunk(
+                    ScheduledChunk,
+                    (
+                        seq.seq_id,
+                        position,
+                        1,
+                        True,
+                        new_block_ids,
+                        [seq.output_token_ids[-1]],
+                        None,
+                    ),
+                )
             )
-        )
-        return len(slots)
-
-    def _set_decodes(self, block: DecodeBlock) -> None:
-        self.decodes = block
-        self.decodes_at = len(self.chunks)
-        self.num_tokens += len(block.slots)
+            added += 1
+        self.num_tokens += added
+        return added
 
     def add_partial_prefills(self) -> int:
         """Adds the next chunk of every admitted prompt not fully computed, within the budget."""

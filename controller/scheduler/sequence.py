@@ -130,7 +130,7 @@ class Sequence:
         roster = self._roster
         if roster is None:
             return self._num_computed_tokens
-        return int(roster.computed[self._slot])
+        return roster.py_computed[self._slot]
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
@@ -138,14 +138,14 @@ class Sequence:
         if roster is None:
             self._num_computed_tokens = value
         else:
-            roster.computed[self._slot] = value
+            roster.py_computed[self._slot] = value
 
     @property
     def num_inflight_batches(self) -> int:
         roster = self._roster
         if roster is None:
             return self._num_inflight_batches
-        return int(roster.inflight[self._slot])
+        return roster.py_inflight[self._slot]
 
     @num_inflight_batches.setter
     def num_inflight_batches(self, value: int) -> None:
@@ -153,14 +153,14 @@ class Sequence:
         if roster is None:
             self._num_inflight_batches = value
         else:
-            roster.inflight[self._slot] = value
+            roster.py_inflight[self._slot] = value
 
     @property
     def last_token_time(self) -> float | None:
         roster = self._roster
         if roster is None:
             return self._last_token_time
-        return float(roster.last_token_time[self._slot])
+        return roster.py_last_token_time[self._slot]
 
     @last_token_time.setter
     def last_token_time(self, value: float) -> None:
@@ -168,7 +168,7 @@ class Sequence:
         if roster is None:
             self._last_token_time = value
         else:
-            roster.last_token_time[self._slot] = value
+            roster.py_last_token_time[self._slot] = value
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -178,7 +178,7 @@ class Sequence:
         self.output_token_ids.append(token_id)
         roster = self._roster
         if roster is not None:
-            roster.num_tokens[self._slot] += 1
+            roster.py_num_tokens[self._slot] += 1
 
     @property
     def is_decoding(self) -> bool:

@@ -13,6 +13,7 @@ from controller.scheduler import (
     SchedulerConfig,
     Sequence,
 )
+from controller.scheduler.scheduler import VECTOR_DECODES_FROM
 
 
 def create_scheduler(
@@ -25,8 +26,11 @@ def create_scheduler(
     num_blocks: int = 1024,
     block_size: int = 16,
     watermark: float = 0.0,
+    vector_decodes_from: int = VECTOR_DECODES_FROM,
     **overrides: object,
 ) -> Scheduler:
+    """vector_decodes_from=1: every decode goes in the micro-batch's vector block; a huge value:
+    every decode goes as a chunk of its own."""
     config = SchedulerConfig(
         policy=policy,
         budget_tokens=budget_tokens,
@@ -37,7 +41,9 @@ def create_scheduler(
         **overrides,  # type: ignore[arg-type]
     )
     return Scheduler(
-        config, CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark)
+        config,
+        CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
+        vector_decodes_from,
     )
 
 

@@ -16,6 +16,11 @@ from tests.unit.scheduler.factories import (
     token_for,
 )
 
+# Decodes as one vector block, and as a chunk each.
+BOTH_PATHS = pytest.mark.parametrize(
+    "vector_decodes_from", [1, 1 << 30], ids=["vector-block", "chunk-each"]
+)
+
 
 def _decoding_seq(seq_id: int, prompt_len: int = 3, stop: frozenset[int] = frozenset()) -> Sequence:
     seq = Sequence(seq_id, list(range(prompt_len)), RequestParams(8, stop_token_ids=stop), 0.0)
@@ -110,8 +115,13 @@ def test_a_plain_micro_batch_is_its_chunks() -> None:
     assert batch.chunks == [chunk] and batch.num_chunks == 1 and batch.yielding_seq_ids() == [1]
 
 
-def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end() -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+@BOTH_PATHS
+def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end(
+    vector_decodes_from: int,
+) -> None:
+    sched = create_scheduler(
+        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
+    )
     seqs = [add_request(sched, i, prompt_len=10 + i, max_tokens=3) for i in range(4)]
     pipe = FakePipeline(sched)
     pipe.fill()
@@ -119,7 +129,8 @@ def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end() -> Non
     pipe.complete_oldest()
     assert sched.roster.size == 4 and not sched.not_decoding
     batch = pipe.fill()[0]
-    assert batch.decodes is not None and batch.decodes.seq_ids == [0, 1, 2, 3]
+    assert [c.seq_id for c in batch.chunks] == [0, 1, 2, 3]
+    assert (batch.decodes is not None) == (vector_decodes_from <= 4)
     sched.check_invariants()
     sched.abort(2)
     assert sched.roster.size == 3 and seqs[2]._roster is None
@@ -131,8 +142,16 @@ def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end() -> Non
     ]
 
 
-def test_a_result_skips_an_aborted_decode_whose_slot_was_taken_meanwhile() -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=8, pipeline_depth=2)
+@BOTH_PATHS
+def test_a_result_skips_an_aborted_decode_whose_slot_was_taken_meanwhile(
+    vector_decodes_from: int,
+) -> None:
+    sched = create_scheduler(
+        budget_tokens=64,
+        max_num_seqs=8,
+        pipeline_depth=2,
+        vector_decodes_from=vector_decodes_from,
+    )
     first = add_request(sched, 1, prompt_len=4, max_tokens=10)
     pipe = FakePipeline(sched)
     pipe.fill()
@@ -151,8 +170,13 @@ def test_a_result_skips_an_aborted_decode_whose_slot_was_taken_meanwhile() -> No
     sched.check_invariants()
 
 
-def test_a_missing_decode_token_raises_after_applying_the_ones_before_it() -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+@BOTH_PATHS
+def test_a_missing_decode_token_raises_after_applying_the_ones_before_it(
+    vector_decodes_from: int,
+) -> None:
+    sched = create_scheduler(
+        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
+    )
     seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
     pipe = FakePipeline(sched)
     _decoding(sched, pipe)
@@ -163,8 +187,13 @@ def test_a_missing_decode_token_raises_after_applying_the_ones_before_it() -> No
     assert seqs[2].output_token_ids[-1] != 6
 
 
-def test_decode_stop_tokens_and_length_finish_in_micro_batch_order() -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+@BOTH_PATHS
+def test_decode_stop_tokens_and_length_finish_in_micro_batch_order(
+    vector_decodes_from: int,
+) -> None:
+    sched = create_scheduler(
+        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
+    )
     params = RequestParams(max_tokens=5, stop_token_ids=frozenset({13}))
     seqs = [sched.add_request(i, [1, 2, 3], params, 0.0) for i in range(4)]
     pipe = FakePipeline(sched)
@@ -186,10 +215,15 @@ def test_decode_stop_tokens_and_length_finish_in_micro_batch_order() -> None:
     sched.check_invariants()
 
 
-def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster() -> None:
+@BOTH_PATHS
+def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster(
+    vector_decodes_from: int,
+) -> None:
     # A budget of 8 and 9 known tokens: the recompute's first chunk is 8 tokens, which leaves
     # the last one (an output) to compute as a decode.
-    sched = create_scheduler(budget_tokens=8, max_num_seqs=4)
+    sched = create_scheduler(
+        budget_tokens=8, max_num_seqs=4, vector_decodes_from=vector_decodes_from
+    )
     seq = add_request(sched, 1, prompt_len=6, max_tokens=20)
     pipe = FakePipeline(sched)
     while seq.num_tokens < 9:
@@ -204,7 +238,8 @@ def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster() -> None
     sched.check_invariants()
     pipe.complete_oldest()
     (batch,) = pipe.fill()
-    assert batch.decodes is not None and batch.decodes.positions.tolist() == [8]
+    assert (batch.decodes is not None) == (vector_decodes_from == 1)
+    assert [(c.first_position, c.num_tokens) for c in batch.chunks] == [(8, 1)]
     assert batch.chunks[0].token_ids == [seq.output_token_ids[-1]]
     pipe.complete_oldest()
     assert seq.output_token_ids[-1] == token_for(1, 8)
@@ -213,19 +248,20 @@ def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster() -> None
 
 @pytest.mark.parametrize("capped", [True, False])
 @pytest.mark.parametrize("pipeline_prefill_chunks", [True, False])
-def test_vector_decodes_match_the_one_by_one_walk(
+def test_a_vector_block_holds_the_decodes_a_chunk_each_would(
     capped: bool, pipeline_prefill_chunks: bool
 ) -> None:
-    """The vector path and the walk it falls back to under memory pressure pick the same
-    decodes, positions and new blocks."""
+    """The vector path, and the walk it falls back to under memory pressure (and takes for a
+    few decodes), pick the same decodes, positions and new blocks."""
 
-    def build(one_by_one: bool) -> tuple[list[tuple[object, ...]], list[tuple[int, ...]]]:
+    def build(vector: bool) -> tuple[list[tuple[object, ...]], list[tuple[int, ...]]]:
         sched = create_scheduler(
             budget_tokens=16,
             max_num_seqs=16,
             block_size=4,
             pipeline_depth=2,
             pipeline_prefill_chunks=pipeline_prefill_chunks,
+            vector_decodes_from=1 if vector else 1 << 30,
         )
         for i in range(12):
             add_request(sched, i, prompt_len=2 + i % 5, max_tokens=30)
@@ -235,30 +271,34 @@ def test_vector_decodes_match_the_one_by_one_walk(
             pipe.complete_oldest()
         builder = BatchBuilder(sched, 100.0)
         builder.num_tokens = 12  # 4 decodes fit when capped; 7 are ready
-        if one_by_one:
-            added = builder._add_decodes_one_by_one(sched.roster.order(), 4 if capped else 1 << 30)
-        else:
-            added = builder.add_decodes(capped)
-        assert builder.decodes is not None and added == len(builder.decodes.seq_ids)
-        batch = MicroBatch(0, [], [], builder.num_tokens, builder.decodes)
+        added = builder.add_decodes(capped)
+        assert (builder.decodes is not None) == vector
+        assert added == (4 if capped else 7) == builder.num_tokens - 12
+        batch = MicroBatch(0, builder.chunks, [], builder.num_tokens, builder.decodes)
         state = [
             (s.seq_id, s.num_computed_tokens, s.num_inflight_batches, *s.block_ids)
             for s in sched.running.values()
         ]
         return [tuple(c) for c in batch.chunks], state
 
-    assert build(one_by_one=False) == build(one_by_one=True)
+    assert build(vector=True) == build(vector=False)
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("reverse", [False, True])
-def test_tokens_are_matched_by_seq_id_whatever_the_order_of_the_map(reverse: bool) -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+def test_tokens_are_matched_by_seq_id_whatever_the_order_of_the_map(
+    reverse: bool, vector_decodes_from: int
+) -> None:
+    sched = create_scheduler(
+        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
+    )
     seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
     pipe = FakePipeline(sched)
     _decoding(sched, pipe)
     add_request(sched, 9, prompt_len=5, max_tokens=10)  # a prefill chunk after the decodes
     (batch,) = pipe.fill()
-    assert batch.decodes is not None and batch.decodes_at == 0
+    if vector_decodes_from == 1:
+        assert batch.decodes is not None and batch.decodes_at == 0
     assert batch.yielding_seq_ids() == [0, 1, 2, 9]
     items = [(0, 50), (1, 51), (2, 52), (9, 59)]
     sampled = dict(reversed(items) if reverse else items)

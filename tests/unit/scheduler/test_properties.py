@@ -7,6 +7,7 @@ watches every micro-batch for the scheduler's promises.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
@@ -89,7 +90,19 @@ class Checker:
             self.yielding_inflight.discard(chunk.seq_id)
 
 
-def run(policy: str, pp: int, budget: int, num_blocks: int, requests: list[Request]) -> None:
+def run(
+    policy: str,
+    pp: int,
+    budget: int,
+    num_blocks: int,
+    requests: list[Request],
+    vector_decodes_from: int = 1,
+    abort_steps: Mapping[int, int] | None = None,
+) -> list[tuple[object, ...]]:
+    """Runs requests to the end, checking the scheduler's promises on the way; abort_steps:
+    step -> index of a request to abort then. Returns the run's trace: every micro-batch (its
+    chunks as records, the finished ids) and every result (sequence ids, finish reasons)."""
+    abort_steps = abort_steps or {}
     sched = create_scheduler(
         policy=policy,
         budget_tokens=budget,
@@ -98,11 +111,13 @@ def run(policy: str, pp: int, budget: int, num_blocks: int, requests: list[Reque
         num_blocks=num_blocks,
         block_size=4,
         max_model_len=512,
+        vector_decodes_from=vector_decodes_from,
     )
     checker = Checker(sched, chunked=policy in ("sarathi", "chunked_only"))
     pending = deque(sorted(enumerate(requests), key=lambda r: r[1].arrival_step))
     seqs: list[Sequence] = []
     inflight: deque[MicroBatch] = deque()
+    trace: list[tuple[object, ...]] = []
     step = 0
     while pending or sched.has_unfinished:
         step += 1
@@ -110,8 +125,11 @@ def run(policy: str, pp: int, budget: int, num_blocks: int, requests: list[Reque
         while pending and pending[0][1].arrival_step <= step:
             seq_id, req = pending.popleft()
             seqs.append(add_request(sched, seq_id, req.prompt_len, req.max_tokens, float(step)))
+        if step in abort_steps:
+            sched.abort(abort_steps[step])
         while (batch := sched.schedule(float(step))) is not None:
             checker.on_batch(batch)
+            trace.append((tuple(map(tuple, batch.chunks)), tuple(batch.finished_seq_ids)))
             inflight.append(batch)
         checker.after_schedule()
         if not inflight:
@@ -121,24 +139,31 @@ def run(policy: str, pp: int, budget: int, num_blocks: int, requests: list[Reque
         sampled = {
             c.seq_id: token_for(c.seq_id, c.context_len - 1) for c in batch.chunks if c.yields_token
         }
-        sched.on_result(batch.batch_id, sampled, float(step))
+        updated = sched.on_result(batch.batch_id, sampled, float(step))
+        trace.append(tuple((s.seq_id, s.finish_reason) for s in updated))
         checker.on_result(batch)
         sched.check_invariants()
 
     assert sched.block_manager.num_free == sched.block_manager.num_blocks, "blocks leaked"
     for seq in seqs:
-        # ignore_eos: exactly max_tokens outputs, each from the position that yielded it
-        assert seq.finish_reason is FinishReason.LENGTH
-        assert len(seq.output_token_ids) == seq.params.max_tokens
         # each token follows the one before it, also across preemptions (no token lost or repeated)
         num_prompt = len(seq.prompt_token_ids)
         assert seq.output_token_ids == [
-            token_for(seq.seq_id, num_prompt - 1 + i) for i in range(seq.params.max_tokens)
+            token_for(seq.seq_id, num_prompt - 1 + i) for i in range(len(seq.output_token_ids))
         ]
+        if seq.finish_reason is FinishReason.ABORT:
+            continue
+        # ignore_eos: exactly max_tokens outputs
+        assert seq.finish_reason is FinishReason.LENGTH
+        assert len(seq.output_token_ids) == seq.params.max_tokens
         # every token computed once (the last output is never fed back), plus recomputation
         expected = seq.num_tokens - 1 + checker.discarded_tokens.get(seq.seq_id, 0)
         assert checker.computed_tokens[seq.seq_id] == expected
+    return trace
 
+
+# Decodes always as a vector block, as one chunk each, or switching as the roster passes 3.
+VECTOR_DECODES_FROM = st.sampled_from([1, 3, 1 << 30])
 
 requests_strategy = st.lists(
     st.builds(
@@ -159,11 +184,17 @@ requests_strategy = st.lists(
     budget=st.sampled_from([8, 16, 64, 256]),
     num_blocks=st.integers(64, 400),
     requests=requests_strategy,
+    vector_decodes_from=VECTOR_DECODES_FROM,
 )
 def test_policies_keep_their_promises(
-    policy: str, pp: int, budget: int, num_blocks: int, requests: list[Request]
+    policy: str,
+    pp: int,
+    budget: int,
+    num_blocks: int,
+    requests: list[Request],
+    vector_decodes_from: int,
 ) -> None:
-    run(policy, pp, budget, num_blocks, requests)
+    run(policy, pp, budget, num_blocks, requests, vector_decodes_from)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,12 +202,13 @@ def test_policies_keep_their_promises(
     policy=st.sampled_from(POLICIES),
     pp=st.integers(1, 4),
     requests=requests_strategy,
+    vector_decodes_from=VECTOR_DECODES_FROM,
 )
 def test_promises_hold_under_memory_pressure_with_preemption(
-    policy: str, pp: int, requests: list[Request]
+    policy: str, pp: int, requests: list[Request], vector_decodes_from: int
 ) -> None:
     # 61 blocks of 4 tokens: one request of 200 + 40 tokens takes 60, so sequences collide.
-    run(policy, pp, 64, 61, requests)
+    run(policy, pp, 64, 61, requests, vector_decodes_from)
 
 
 def test_memory_pressure_run_does_preempt() -> None:
@@ -189,3 +221,23 @@ def test_memory_pressure_run_does_preempt() -> None:
 
     FakePipeline(sched).run_to_completion()
     assert sched.num_preemptions > 0
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(POLICIES),
+    pp=st.integers(1, 4),
+    num_blocks=st.sampled_from([61, 400]),
+    requests=requests_strategy,
+    abort_steps=st.dictionaries(st.integers(1, 200), st.integers(0, 23), max_size=4),
+)
+def test_vector_block_and_chunk_each_decodes_schedule_the_same(
+    policy: str, pp: int, num_blocks: int, requests: list[Request], abort_steps: dict[int, int]
+) -> None:
+    """The two ways decodes travel are a speed choice only: the same micro-batches (chunk for
+    chunk, in order) and the same results, with preemption and aborts."""
+    runs = [
+        run(policy, pp, 16, num_blocks, requests, vector_from, abort_steps)
+        for vector_from in (1, 3, 1 << 30)
+    ]
+    assert runs[0] == runs[1] == runs[2]
