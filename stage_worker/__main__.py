@@ -48,6 +48,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="send 1/TP of the activations per rank; the next stage all-gathers",
     )
     p.add_argument(
+        "--small-batch-kernel",
+        action="store_true",
+        help="CPU bf16, one thread: run steps of up to 2 tokens on a streaming GEMV kernel "
+        "(built with the system C compiler); holds the linear weights twice",
+    )
+    p.add_argument(
         "--controller-timeout",
         type=float,
         default=10.0,
@@ -77,6 +83,7 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         num_threads=a.num_threads,
         attention=a.attention,
         send_slices=a.send_slices,
+        small_batch_kernel=a.small_batch_kernel,
         controller_timeout_s=a.controller_timeout,
         curve_server_key_file=a.curve_server_key_file,
         curve_key_file=a.curve_key_file,

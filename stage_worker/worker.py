@@ -25,6 +25,7 @@ from stage_worker.comm import PipelineLinks, TPGroup, destroy_distributed, init_
 from stage_worker.config import ShardSpec, load_spec
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import KVCache, bytes_per_block, num_blocks_that_fit
+from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import StageRunner
 
@@ -74,6 +75,9 @@ class WorkerConfig:
     attention: str = "torch"
     send_slices: bool = False
     """Each TP rank sends only its 1/tp of the activations; the next stage all-gathers."""
+    small_batch_kernel: bool = False
+    """CPU bf16, one thread: steps of up to 2 tokens run a streaming GEMV kernel (decode of one
+    token about 1.6x faster) at the cost of a second copy of the linear weights."""
     curve_server_key_file: str = ""
     """The controller's public ZeroMQ certificate: connect with CurveZMQ (with curve_key_file)."""
     curve_key_file: str = ""
@@ -220,6 +224,8 @@ class StageWorker:
         cfg = self.config
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
+        if cfg.small_batch_kernel:
+            gemv.enable()
         assignment = self._handshake()
         shard = ShardSpec(assignment.pp, assignment.tp, assignment.stage, assignment.tp_rank)
         self.shard = shard

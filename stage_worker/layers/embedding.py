@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from stage_worker.comm import TPGroup
-from stage_worker.layers import onednn
+from stage_worker.layers import gemv, onednn
 
 
 def vocab_range(vocab_size: int, tp: int, tp_rank: int) -> tuple[int, int]:
@@ -56,9 +56,13 @@ class ParallelLMHead(nn.Module):
         # The weight in oneDNN's layout when it must also stay plain: a tied head shares its
         # rows with the embedding, whose lookups need the strided tensor (one extra copy).
         self.packed: torch.Tensor | None = None
+        # The weight row-major for gemv.linear, when the small-batch kernel is on.
+        self.plain: torch.Tensor | None = None
 
     def pack(self, shared_with_embedding: bool) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if gemv.usable_for(self.weight.data):
+            self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
         if not onednn.can_pack(self.weight):
             return
         if shared_with_embedding:
@@ -68,8 +72,11 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
-        weight = self.packed if self.packed is not None else self.weight
-        logits = onednn.linear(hidden, weight).float()
+        if self.plain is not None and hidden.shape[0] <= gemv.MAX_TOKENS:
+            logits = gemv.linear(hidden, self.plain).float()
+        else:
+            weight = self.packed if self.packed is not None else self.weight
+            logits = onednn.linear(hidden, weight).float()
         if self.tp.size == 1:
             return logits
         pad = self.per_rank - logits.shape[1]

@@ -4,7 +4,8 @@ Column-parallel: the rank holds output rows [out_local, in]; its output is its s
 features and needs no communication. Row-parallel: the rank holds input columns
 [out, in_local]; its output is a partial sum the caller all-reduces over the TP group (the model
 calls `tp.all_reduce` itself, so the collective is visible where it happens).
-After loading, `pack()` swaps a CPU bf16 weight for its oneDNN-blocked form (see onednn.py).
+After loading, `pack()` swaps a CPU bf16 weight for its oneDNN-blocked form (see onednn.py) and,
+with the small-batch kernel on, keeps the plain one for steps of a few tokens (see gemv.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stage_worker.layers import onednn
+from stage_worker.layers import gemv, onednn
 
 
 class ColumnParallelLinear(nn.Module):
@@ -22,6 +23,8 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_local, in_features, device=device, dtype=dtype), requires_grad=False
         )
+        self.plain: torch.Tensor | None = None
+        """The weight row-major for gemv.linear, when the small-batch kernel is on."""
 
     def load(self, rows: torch.Tensor) -> None:
         """rows: [out_local, in_features], this rank's rows of the full weight."""
@@ -29,11 +32,15 @@ class ColumnParallelLinear(nn.Module):
 
     def pack(self) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if gemv.usable_for(self.weight.data):
+            self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
         if onednn.can_pack(self.weight):
             self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in_features] -> [num_tokens, out_local]
+        if self.plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
+            return gemv.linear(x, self.plain)
         return onednn.linear(x, self.weight)
 
 
@@ -44,6 +51,8 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_features, in_local, device=device, dtype=dtype), requires_grad=False
         )
+        self.plain: torch.Tensor | None = None
+        """The weight row-major for gemv.linear, when the small-batch kernel is on."""
 
     def load(self, cols: torch.Tensor) -> None:
         """cols: [out_features, in_local], this rank's columns of the full weight."""
@@ -51,9 +60,13 @@ class RowParallelLinear(nn.Module):
 
     def pack(self) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if gemv.usable_for(self.weight.data):
+            self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
         if onednn.can_pack(self.weight):
             self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in_local] -> partial sums [num_tokens, out_features]
+        if self.plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
+            return gemv.linear(x, self.plain)
         return onednn.linear(x, self.weight)

@@ -27,6 +27,7 @@ from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ShardSpec, load_spec
 from stage_worker.kv_cache import KVCache
+from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,8 @@ class StageBench:
 def run(args: argparse.Namespace) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    if args.small_batch_kernel:
+        gemv.enable()
     dtype = DTYPES[args.dtype]
     model_dir = Path(args.model)
     if args.random_shape and not (model_dir / "config.json").exists():
@@ -209,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         "model": str(model_dir),
         "dtype": args.dtype,
         "device": args.device,
+        "small_batch_kernel": args.small_batch_kernel,
         "threads": torch.get_num_threads(),
         "param_bytes": model.param_bytes,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -270,6 +274,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--copy-bytes", type=int, default=1 << 30, help="size of the bandwidth-measuring copy"
+    )
+    p.add_argument(
+        "--small-batch-kernel",
+        action="store_true",
+        help="CPU bf16, one thread: steps of up to 2 tokens on the streaming GEMV kernel",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)

@@ -1,0 +1,87 @@
+"""The small-batch bf16 GEMV kernel (stage_worker/layers/gemv.py): its products against float32,
+the layers' dispatch to it, and the fallback where it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from stage_worker.layers import ColumnParallelLinear, gemv
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The kernel enabled with one torch thread, or the test skipped where it cannot run."""
+    monkeypatch.setattr(gemv, "_enabled", True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if not gemv.usable_for(torch.zeros(4, 4, dtype=torch.bfloat16)):
+            pytest.skip("the GEMV kernel cannot run here (no avx512_bf16 or no C compiler)")
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# k values cover whole 64-value steps, a 32-value step and masked tails.
+@pytest.mark.parametrize("k", [576, 1536, 96, 100, 33, 7])
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_products_match_float32_to_bf16_rounding(kernel: None, m: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(k * 10 + m)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(37, k, generator=gen).to(torch.bfloat16)  # 37 rows: no multiple of anything
+    got = gemv.linear(x, w)
+    assert got.shape == (m, 37) and got.dtype == torch.bfloat16
+    want = x.float() @ w.float().T  # exact products of bf16 inputs, float32 sums
+    # One bf16 rounding of the result (2^-8 relative), plus float32 sums in another order.
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-4 * k)
+
+
+def test_a_strided_input_row_is_read_correctly(kernel: None) -> None:
+    x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # row stride 128, 64 features
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    torch.testing.assert_close(
+        gemv.linear(x, w).float(), x.float() @ w.float().T, rtol=2**-7, atol=0.01
+    )
+
+
+def test_layers_run_steps_of_a_few_tokens_on_the_kernel(kernel: None) -> None:
+    layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
+    weight = torch.randn(48, 64).to(torch.bfloat16)
+    layer.load(weight)
+    layer.pack()
+    assert layer.plain is not None and torch.equal(layer.plain, weight)
+    for tokens in (1, gemv.MAX_TOKENS, gemv.MAX_TOKENS + 1):  # kernel, kernel, oneDNN
+        x = torch.randn(tokens, 64).to(torch.bfloat16)
+        torch.testing.assert_close(
+            layer(x).float(), x.float() @ weight.float().T, rtol=2**-7, atol=0.05
+        )
+
+
+def test_off_by_default_and_the_layer_keeps_one_copy() -> None:
+    layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
+    layer.load(torch.randn(48, 64).to(torch.bfloat16))
+    layer.pack()
+    assert layer.plain is None
+
+
+def test_no_compiler_falls_back_with_the_reason_logged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(gemv, "_enabled", True)
+    monkeypatch.setattr(gemv, "_cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    gemv._kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="stage_worker.layers.gemv"):
+            assert gemv._kernel() is None
+        assert "bf16 GEMV kernel unavailable" in caplog.text
+        assert "no-such-compiler" in caplog.text
+        assert not gemv.usable_for(torch.zeros(4, 4, dtype=torch.bfloat16))
+    finally:
+        gemv._kernel.cache_clear()  # the next test builds or finds the real one
