@@ -1,12 +1,12 @@
 """A bf16 matrix-vector kernel for CPU decode steps (gemv_bf16.c), built on first use.
 
-One-token matmuls stream weights at 9-13 GB/s through oneDNN on one AVX512-BF16 core, well
+One-token matmuls stream weights at 9-14 GB/s through oneDNN on one AVX512-BF16 core, well
 under what the core can read (about 26 GB/s), and they are most of a decode step. The C kernel
-reads each weight row once for all the step's tokens. It is compiled with the system's C
-compiler into a per-user cache the first time a worker asks for it (well under a second), and
-used only where it can run: Linux on a CPU with avx512_bf16, a C compiler present, one torch
-thread per worker (the kernel is single-threaded; with more threads oneDNN is left to use them).
-Anything else falls back to oneDNN, with the reason logged once.
+reads each weight once, in address order, for the step's one or two tokens. It is compiled
+with the system's C compiler into a per-user cache the first time a worker asks for it (well
+under a second), and used only where it can run: Linux on a CPU with avx512_bf16, a C compiler
+present, one torch thread per worker (the kernel is single-threaded; with more threads oneDNN is
+left to use them). Anything else falls back to oneDNN, with the reason logged once.
 
 Opt-in (`python -m stage_worker --small-batch-kernel`, `sarathictl bench stage
 --small-batch-kernel`): the kernel reads plain row-major weights while oneDNN, which stays
@@ -35,6 +35,7 @@ SOURCE = Path(__file__).with_name("gemv_bf16.c")
 MAX_TOKENS = 2
 """Steps of up to this many tokens use the kernel; from 3 tokens oneDNN's packed kernel is as
 fast or faster (measured on the demo model, BENCHMARKS.md)."""
+_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-shared", "-fPIC")
 _enabled = False
 
 
@@ -42,9 +43,6 @@ def enable() -> None:
     """Lets layers loaded from now on use the kernel where it can run (see usable_for)."""
     global _enabled
     _enabled = True
-
-
-_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-shared", "-fPIC")
 
 
 def cache_dir() -> Path:
