@@ -177,10 +177,7 @@ class Scheduler:
             seq.output_token_ids.append(token_id)
             num_tokens[slot] += 1
             last_token_time[slot] = now
-            if len(seq.output_token_ids) >= seq.max_tokens:
-                self._finish(seq, FinishReason.LENGTH)
-            elif token_id in seq.stop_token_ids:
-                self._finish(seq, FinishReason.STOP)
+            self._finish_if_last(seq, token_id)
             updated.append(seq)
 
     @staticmethod
@@ -195,12 +192,20 @@ class Scheduler:
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
+        if not self._finish_if_last(seq, token_id) and (
+            seq._roster is None and seq.num_uncomputed_tokens == 1
+        ):
+            self.join_roster(seq)  # its prompt is computed: it decodes from now on
+
+    def _finish_if_last(self, seq: Sequence, token_id: int) -> bool:
+        """Ends seq if token_id, just appended, is its last: by length first, then by stop id."""
         if len(seq.output_token_ids) >= seq.max_tokens:
             self._finish(seq, FinishReason.LENGTH)
         elif token_id in seq.stop_token_ids:
             self._finish(seq, FinishReason.STOP)
-        elif seq._roster is None and seq.num_uncomputed_tokens == 1:
-            self.join_roster(seq)  # its prompt is computed: it decodes from now on
+        else:
+            return False
+        return True
 
     def _apply_decodes(
         self,
@@ -255,11 +260,7 @@ class Scheduler:
         seq_list: list[Sequence] = seqs.tolist()
         if len(ends):
             for i in ends.tolist():  # in micro-batch order, as finished_seq_ids lists them
-                seq = seq_list[i]
-                if len(seq.output_token_ids) >= seq.max_tokens:
-                    self._finish(seq, FinishReason.LENGTH)
-                elif tokens[i] in seq.stop_token_ids:
-                    self._finish(seq, FinishReason.STOP)
+                self._finish_if_last(seq_list[i], tokens[i])
         updated.extend(seq_list)
 
     def reset_inflight(self) -> list[Sequence]:

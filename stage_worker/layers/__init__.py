@@ -3,7 +3,7 @@ collectives are called by the model code, where a reader can see them."""
 
 from stage_worker.layers import onednn
 from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from stage_worker.layers.linear import ColumnParallelLinear, RowParallelLinear
+from stage_worker.layers.linear import ColumnParallelLinear, RowParallelLinear, ShardedLinear
 from stage_worker.layers.norm import LayerNorm, RMSNorm
 from stage_worker.layers.rotary import RotaryEmbedding
 
@@ -14,6 +14,7 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "RowParallelLinear",
+    "ShardedLinear",
     "VocabParallelEmbedding",
     "onednn",
 ]

@@ -8,6 +8,7 @@ from torch import nn
 
 from stage_worker.comm import TPGroup
 from stage_worker.layers import gemv, onednn
+from stage_worker.layers.linear import linear
 
 
 def vocab_range(vocab_size: int, tp: int, tp_rank: int) -> tuple[int, int]:
@@ -72,11 +73,8 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
-        if self.plain is not None and hidden.shape[0] <= gemv.MAX_TOKENS:
-            logits = gemv.linear(hidden, self.plain).float()
-        else:
-            weight = self.packed if self.packed is not None else self.weight
-            logits = onednn.linear(hidden, weight).float()
+        weight = self.packed if self.packed is not None else self.weight
+        logits = linear(hidden, weight, self.plain).float()
         if self.tp.size == 1:
             return logits
         pad = self.per_rank - logits.shape[1]

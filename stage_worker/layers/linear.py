@@ -16,57 +16,53 @@ from torch import nn
 from stage_worker.layers import gemv, onednn
 
 
-class ColumnParallelLinear(nn.Module):
-    def __init__(self, in_features: int, out_local: int, device: str, dtype: torch.dtype) -> None:
+def linear(x: torch.Tensor, weight: torch.Tensor, plain: torch.Tensor | None) -> torch.Tensor:
+    """x: [n, in] @ weight ([out, in], strided or oneDNN-packed).T -> [n, out]; plain: the same
+    weight row-major for the small-batch GEMV kernel (gemv.py), or None."""
+    if plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
+        return gemv.linear(x, plain)
+    return onednn.linear(x, weight)
+
+
+class ShardedLinear(nn.Module):
+    """A rank's [out, in] share of a linear weight, fast-pathed for CPU bf16 after pack()."""
+
+    def __init__(self, out: int, in_: int, device: str, dtype: torch.dtype) -> None:
         super().__init__()
-        # weight: [out_local, in_features]
+        # weight: [out, in_]
         self.weight = nn.Parameter(
-            torch.empty(out_local, in_features, device=device, dtype=dtype), requires_grad=False
+            torch.empty(out, in_, device=device, dtype=dtype), requires_grad=False
         )
         self.plain: torch.Tensor | None = None
         """The weight row-major for gemv.linear, when the small-batch kernel is on."""
+
+    def pack(self) -> None:
+        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if gemv.usable_for(self.weight.data):
+            self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
+        if onednn.can_pack(self.weight):
+            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in_] -> [num_tokens, out]
+        return linear(x, self.weight, self.plain)
+
+
+class ColumnParallelLinear(ShardedLinear):
+    def __init__(self, in_features: int, out_local: int, device: str, dtype: torch.dtype) -> None:
+        # weight: [out_local, in_features]; the output is this rank's share of the features
+        super().__init__(out_local, in_features, device, dtype)
 
     def load(self, rows: torch.Tensor) -> None:
         """rows: [out_local, in_features], this rank's rows of the full weight."""
         self.weight.data.copy_(rows)
 
-    def pack(self) -> None:
-        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
-        if gemv.usable_for(self.weight.data):
-            self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
-        if onednn.can_pack(self.weight):
-            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, in_features] -> [num_tokens, out_local]
-        if self.plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
-            return gemv.linear(x, self.plain)
-        return onednn.linear(x, self.weight)
-
-
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ShardedLinear):
     def __init__(self, in_local: int, out_features: int, device: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        # weight: [out_features, in_local]
-        self.weight = nn.Parameter(
-            torch.empty(out_features, in_local, device=device, dtype=dtype), requires_grad=False
-        )
-        self.plain: torch.Tensor | None = None
-        """The weight row-major for gemv.linear, when the small-batch kernel is on."""
+        # weight: [out_features, in_local]; the output is a partial sum to all-reduce
+        super().__init__(out_features, in_local, device, dtype)
 
     def load(self, cols: torch.Tensor) -> None:
         """cols: [out_features, in_local], this rank's columns of the full weight."""
         self.weight.data.copy_(cols)
-
-    def pack(self) -> None:
-        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
-        if gemv.usable_for(self.weight.data):
-            self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
-        if onednn.can_pack(self.weight):
-            self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, in_local] -> partial sums [num_tokens, out_features]
-        if self.plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
-            return gemv.linear(x, self.plain)
-        return onednn.linear(x, self.weight)

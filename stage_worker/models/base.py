@@ -13,10 +13,9 @@ from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec
 from stage_worker.kv_cache import KVCache
 from stage_worker.layers import (
-    ColumnParallelLinear,
     ParallelLMHead,
     RotaryEmbedding,
-    RowParallelLinear,
+    ShardedLinear,
     VocabParallelEmbedding,
 )
 
@@ -104,7 +103,7 @@ class StageModel(nn.Module):
     def pack(self) -> None:
         """Weights into the matmul kernels' own layout, once all are loaded (onednn.py)."""
         for module in self.modules():
-            if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+            if isinstance(module, ShardedLinear):
                 module.pack()
         if self.lm_head is not None:
             shared = self.embed is not None and self.lm_head.weight is self.embed.weight

@@ -16,10 +16,25 @@ from tests.unit.scheduler.factories import (
     token_for,
 )
 
-# Decodes as one vector block, and as a chunk each.
-BOTH_PATHS = pytest.mark.parametrize(
-    "vector_decodes_from", [1, 1 << 30], ids=["vector-block", "chunk-each"]
-)
+
+@pytest.fixture(params=[1, 1 << 30], ids=["vector-block", "chunk-each"])
+def vector_decodes_from(request: pytest.FixtureRequest) -> int:
+    """Each test that takes it runs twice: decodes as one vector block, and as a chunk each."""
+    return int(request.param)
+
+
+def _scheduler(
+    vector_decodes_from: int,
+    budget_tokens: int = 64,
+    max_num_seqs: int = 8,
+    pipeline_depth: int = 1,
+) -> Scheduler:
+    return create_scheduler(
+        budget_tokens=budget_tokens,
+        max_num_seqs=max_num_seqs,
+        pipeline_depth=pipeline_depth,
+        vector_decodes_from=vector_decodes_from,
+    )
 
 
 def _decoding_seq(seq_id: int, prompt_len: int = 3, stop: frozenset[int] = frozenset()) -> Sequence:
@@ -29,6 +44,15 @@ def _decoding_seq(seq_id: int, prompt_len: int = 3, stop: frozenset[int] = froze
     seq.block_ids = [seq_id]
     seq.last_token_time = 1.5
     return seq
+
+
+def _three_decoding(vector_decodes_from: int) -> tuple[Scheduler, list[Sequence], FakePipeline]:
+    """Sequences 0, 1, 2 (4-token prompts, 10 tokens each), all decoding, nothing in flight."""
+    sched = _scheduler(vector_decodes_from)
+    seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
+    pipe = FakePipeline(sched)
+    _decoding(sched, pipe)
+    return sched, seqs, pipe
 
 
 def _decoding(sched: Scheduler, pipe: FakePipeline) -> None:
@@ -115,13 +139,10 @@ def test_a_plain_micro_batch_is_its_chunks() -> None:
     assert batch.chunks == [chunk] and batch.num_chunks == 1 and batch.yielding_seq_ids() == [1]
 
 
-@BOTH_PATHS
 def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end(
     vector_decodes_from: int,
 ) -> None:
-    sched = create_scheduler(
-        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
-    )
+    sched = _scheduler(vector_decodes_from)
     seqs = [add_request(sched, i, prompt_len=10 + i, max_tokens=3) for i in range(4)]
     pipe = FakePipeline(sched)
     pipe.fill()
@@ -142,16 +163,10 @@ def test_decoding_sequences_move_to_the_roster_and_off_it_when_they_end(
     ]
 
 
-@BOTH_PATHS
 def test_a_result_skips_an_aborted_decode_whose_slot_was_taken_meanwhile(
     vector_decodes_from: int,
 ) -> None:
-    sched = create_scheduler(
-        budget_tokens=64,
-        max_num_seqs=8,
-        pipeline_depth=2,
-        vector_decodes_from=vector_decodes_from,
-    )
+    sched = _scheduler(vector_decodes_from, pipeline_depth=2)
     first = add_request(sched, 1, prompt_len=4, max_tokens=10)
     pipe = FakePipeline(sched)
     pipe.fill()
@@ -170,16 +185,10 @@ def test_a_result_skips_an_aborted_decode_whose_slot_was_taken_meanwhile(
     sched.check_invariants()
 
 
-@BOTH_PATHS
 def test_a_missing_decode_token_raises_after_applying_the_ones_before_it(
     vector_decodes_from: int,
 ) -> None:
-    sched = create_scheduler(
-        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
-    )
-    seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
-    pipe = FakePipeline(sched)
-    _decoding(sched, pipe)
+    sched, seqs, pipe = _three_decoding(vector_decodes_from)
     (batch,) = pipe.fill()
     with pytest.raises(ValueError, match="no token for sequence 1"):
         sched.on_result(batch.batch_id, {0: 5, 2: 6}, 1.0)
@@ -187,13 +196,10 @@ def test_a_missing_decode_token_raises_after_applying_the_ones_before_it(
     assert seqs[2].output_token_ids[-1] != 6
 
 
-@BOTH_PATHS
 def test_decode_stop_tokens_and_length_finish_in_micro_batch_order(
     vector_decodes_from: int,
 ) -> None:
-    sched = create_scheduler(
-        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
-    )
+    sched = _scheduler(vector_decodes_from)
     params = RequestParams(max_tokens=5, stop_token_ids=frozenset({13}))
     seqs = [sched.add_request(i, [1, 2, 3], params, 0.0) for i in range(4)]
     pipe = FakePipeline(sched)
@@ -215,15 +221,12 @@ def test_decode_stop_tokens_and_length_finish_in_micro_batch_order(
     sched.check_invariants()
 
 
-@BOTH_PATHS
 def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster(
     vector_decodes_from: int,
 ) -> None:
     # A budget of 8 and 9 known tokens: the recompute's first chunk is 8 tokens, which leaves
     # the last one (an output) to compute as a decode.
-    sched = create_scheduler(
-        budget_tokens=8, max_num_seqs=4, vector_decodes_from=vector_decodes_from
-    )
+    sched = _scheduler(vector_decodes_from, budget_tokens=8, max_num_seqs=4)
     seq = add_request(sched, 1, prompt_len=6, max_tokens=20)
     pipe = FakePipeline(sched)
     while seq.num_tokens < 9:
@@ -284,17 +287,11 @@ def test_a_vector_block_holds_the_decodes_a_chunk_each_would(
     assert build(vector=True) == build(vector=False)
 
 
-@BOTH_PATHS
 @pytest.mark.parametrize("reverse", [False, True])
 def test_tokens_are_matched_by_seq_id_whatever_the_order_of_the_map(
     reverse: bool, vector_decodes_from: int
 ) -> None:
-    sched = create_scheduler(
-        budget_tokens=64, max_num_seqs=8, vector_decodes_from=vector_decodes_from
-    )
-    seqs = [add_request(sched, i, prompt_len=4, max_tokens=10) for i in range(3)]
-    pipe = FakePipeline(sched)
-    _decoding(sched, pipe)
+    sched, seqs, pipe = _three_decoding(vector_decodes_from)
     add_request(sched, 9, prompt_len=5, max_tokens=10)  # a prefill chunk after the decodes
     (batch,) = pipe.fill()
     if vector_decodes_from == 1:
