@@ -6,7 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sarathictl.bench.workloads import WorkloadSpec, make_requests, unit_rate_requests
+from sarathictl.bench.workloads import (
+    TRACE_ALIASES,
+    TRACE_FILES,
+    TRACES_DIR,
+    WorkloadSpec,
+    known_workloads,
+    make_requests,
+    read_trace,
+    trace_path,
+    unit_rate_requests,
+)
 
 
 def test_paper_sharegpt_synthetic_matches_table_2() -> None:
@@ -69,5 +79,25 @@ def test_trace_with_missing_column_or_negative_length_names_the_line(tmp_path: P
 
 
 def test_unknown_workload_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="known: arxiv, splitwise, sharegpt-paper"):
+    with pytest.raises(ValueError) as err:
         unit_rate_requests(WorkloadSpec(source="no-such-trace"))
+    message = str(err.value)
+    assert "'no-such-trace'" in message
+    assert "known names: arxiv, splitwise, sharegpt-paper" in message
+
+
+@pytest.mark.parametrize("name", ["arxiv", "splitwise", "arxiv_summarization", "conv"])
+def test_every_known_trace_loads_from_the_package(name: str) -> None:
+    """The traces ship inside sarathictl: a user's clone or install needs nothing beside it."""
+    path = trace_path(name)
+    assert path.is_relative_to(TRACES_DIR)
+    assert len(read_trace(path)) > 10_000
+    assert name in known_workloads() or TRACE_ALIASES[name] in known_workloads()
+
+
+def test_traces_ship_with_their_licenses() -> None:
+    readme = (TRACES_DIR / "README.md").read_text()
+    for csv_name in TRACE_FILES.values():
+        assert csv_name in readme
+    licenses = sorted(p.name for p in TRACES_DIR.glob("LICENSE-*"))
+    assert licenses == ["LICENSE-CC-BY-4.0-azure", "LICENSE-MIT-vidur"]

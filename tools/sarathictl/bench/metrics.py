@@ -1,4 +1,4 @@
-"""Serving metrics, one definition everywhere (../shared/DESIGN.md, "Metrics").
+"""Serving metrics, one definition everywhere (README.md, "Metrics").
 
 TTFT: arrival to first token. TBT: every gap between consecutive tokens of one request.
 Scheduling delay: arrival to first scheduled. Stage utilization: busy time over the time requests

@@ -144,8 +144,8 @@ def render(report: dict[str, Any]) -> str:
         out += [
             "",
             "Falcon-180B on 8 A100s, arxiv: TP8 across two nodes (all-reduces on 100 GbE) "
-            "versus TP4-PP2 (one activation transfer per micro-batch). The copy of the paper in "
-            "../shared/paper gives no figure for this comparison, so there is none beside ours:",
+            "versus TP4-PP2 (one activation transfer per micro-batch). The paper gives no figure "
+            "for this comparison, so there is none beside ours:",
             "",
             "| layout | SLO | sarathi qps | vllm qps |",
             "| --- | --- | ---: | ---: |",

@@ -17,8 +17,8 @@ import numpy as np
 
 from controller.executor.simulated import SimRequest
 
-# ../shared/traces from the project root (see its README).
-TRACES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+# Shipped inside the package (package data), with their sources and licenses (traces/README.md).
+TRACES_DIR = Path(__file__).resolve().parent / "traces"
 TRACE_FILES = {"arxiv": "arxiv_summarization.csv", "splitwise": "splitwise_conv.csv"}
 TRACE_ALIASES = {"arxiv_summarization": "arxiv", "splitwise_conv": "splitwise", "conv": "splitwise"}
 TRACE_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
@@ -85,6 +85,29 @@ def read_trace(path: Path) -> list[tuple[int, int]]:
     return rows
 
 
+def known_workloads() -> list[str]:
+    """Every workload name `WorkloadSpec.source` takes besides a CSV path."""
+    return [*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC]
+
+
+def trace_path(source: str) -> Path:
+    """The CSV behind a trace name or a path; a name that is neither lists the known ones."""
+    name = TRACE_ALIASES.get(source, source)
+    if name in TRACE_FILES:
+        path = TRACES_DIR / TRACE_FILES[name]
+        if not path.is_file():  # a broken install, not a user error: say where it looked
+            raise ValueError(f"trace {source!r}: its file {path} is missing from the package")
+        return path
+    path = Path(source)
+    if not path.is_file():
+        known = ", ".join(known_workloads())
+        raise ValueError(
+            f"unknown workload {source!r}: not a known name and no such CSV file; "
+            f"known names: {known}"
+        )
+    return path
+
+
 def _lognormal(rng: np.random.Generator, median: float, p90: float, size: int) -> np.ndarray:
     sigma = math.log(p90 / median) / _Z90
     return np.maximum(1, np.rint(rng.lognormal(math.log(median), sigma, size))).astype(np.int64)
@@ -113,11 +136,7 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[list[tuple[i
             prompts = _lognormal(rng, p, 4 * p, 2 * n + 64)
             outputs = _lognormal(rng, o, 2 * o, 2 * n + 64)
         return list(zip(prompts.tolist(), outputs.tolist(), strict=True)), 0
-    path = TRACES_DIR / TRACE_FILES[source] if source in TRACE_FILES else Path(spec.source)
-    if not path.is_file():
-        known = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
-        raise ValueError(f"unknown workload {spec.source!r}; known: {known}, or a CSV path")
-    rows = read_trace(path)
+    rows = read_trace(trace_path(spec.source))
     picks = rng.integers(0, len(rows), 2 * n + 64)
     return [rows[i] for i in picks.tolist()], 0
 
