@@ -16,7 +16,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
         default="splitwise",
-        help="arxiv, splitwise (traces shipped with sarathictl), a CSV path, or lognormal/zipf/uniform/fixed",
+        help="arxiv, splitwise (shipped traces), a CSV path, or lognormal/zipf/uniform/fixed",
     )
     p.add_argument("--num-requests", type=int, default=64, help="requests to send")
     p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
