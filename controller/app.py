@@ -7,9 +7,12 @@ import json
 import logging
 import signal
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq.asyncio
+from grpc import aio as grpc_aio
+from grpc_health.v1 import health as grpc_health
 from sarathi_proto import stage_pb2
 
 from controller.api_request import RequestLimits
@@ -25,6 +28,7 @@ from controller.openai_api import HttpApiServer, HttpApiState, start_http_server
 from controller.scheduler import CacheConfig, ConfigError, Scheduler
 from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
+from controller.stage_report import publish_stage_metrics
 from controller.tokenizer import TextStream, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -45,65 +49,88 @@ def read_model_config(model_dir: str) -> dict[str, object]:
     return config
 
 
-async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
-    """Runs until `stop` is set (or SIGINT/SIGTERM), then shuts the workers down."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+@dataclass
+class ServedModel:
+    """What the controller reads of the model folder (it loads no weights)."""
 
-    model_config = read_model_config(config.model_dir)
-    vocab_size = int(model_config["vocab_size"])  # type: ignore[call-overload]
-    max_positions = int(model_config.get("max_position_embeddings", 0) or 0)  # type: ignore[call-overload]
-    if max_positions and config.scheduler.max_model_len > max_positions:
-        raise ConfigError(
-            "max_model_len",
-            config.scheduler.max_model_len,
-            f"at most the model's max_position_embeddings={max_positions}",
-        )
-    tokenizer = Tokenizer.from_dir(config.model_dir)
+    name: str
+    """The folder's name: the model id clients see."""
+    vocab_size: int
+    tokenizer: Tokenizer
 
-    def make_text_stream(request: GenerationRequest) -> TextStream:
-        return TextStream(tokenizer, request.stop)
+    @classmethod
+    def load(cls, config: ControllerConfig) -> ServedModel:
+        model_config = read_model_config(config.model_dir)
+        vocab_size = int(model_config["vocab_size"])  # type: ignore[call-overload]
+        max_positions = int(model_config.get("max_position_embeddings", 0) or 0)  # type: ignore[call-overload]
+        if max_positions and config.scheduler.max_model_len > max_positions:
+            raise ConfigError(
+                "max_model_len",
+                config.scheduler.max_model_len,
+                f"at most the model's max_position_embeddings={max_positions}",
+            )
+        tokenizer = Tokenizer.from_dir(config.model_dir)
+        return cls(Path(config.model_dir).name, vocab_size, tokenizer)
 
-    model_name = Path(config.model_dir).name
 
+@dataclass
+class Apis:
+    """The client-facing servers: they listen from the start and answer 'not ready' until the
+    pipeline serves."""
+
+    service: GenerationService
+    grpc_server: grpc_aio.Server
+    grpc_port: int
+    health: grpc_health.HealthServicer
+    http_state: HttpApiState
+    metrics: ControllerMetrics
+    http_server: HttpApiServer | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def publish(self, problem: str) -> None:
+        """The health watch's verdict: "" serves, anything else says why not."""
+        self.service.problem = problem
+        mark_serving(self.health, serving=not problem)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.http_server is not None:
+            await self.http_server.stop()
+        await self.grpc_server.stop(grace=1.0)
+
+
+async def start_apis(config: ControllerConfig, model_name: str) -> Apis:
+    server = config.server
     service = GenerationService(model_name)
-    tokens = read_tokens(config.server.auth_token_file)
-    server, port, health = await start_grpc_server(
-        service,
-        config.server.host,
-        config.server.port,
-        server_credentials(config.server.tls_cert_file, config.server.tls_key_file),
-        tokens,
+    tokens = read_tokens(server.auth_token_file)
+    credentials = server_credentials(server.tls_cert_file, server.tls_key_file)
+    grpc_server, port, health = await start_grpc_server(
+        service, server.host, server.port, credentials, tokens
     )
     log.info(
-        "gRPC API listening on %s:%d (not serving until the pipeline is up)",
-        config.server.host,
-        port,
+        "gRPC API listening on %s:%d (not serving until the pipeline is up)", server.host, port
     )
-    http_state = HttpApiState(model_name, api_keys=tokens)
-    http_server: HttpApiServer | None = None
-    if config.server.http_port:
-        http_server = await start_http_server(
-            http_state, config.server.host, config.server.http_port
-        )
-        log.info("OpenAI-compatible HTTP API on %s:%d", config.server.host, http_server.port)
     metrics = ControllerMetrics()
-    if config.server.metrics_port:
-        metrics.serve(config.server.metrics_port)
-        log.info("Prometheus metrics on :%d/metrics", config.server.metrics_port)
-
-    ctx = zmq.asyncio.Context()
-    curve = None
-    if config.server.curve_secret_key_file:
-        curve = CurveServerKeys(
-            config.server.curve_secret_key_file, config.server.curve_client_keys_dir
+    http_state = HttpApiState(model_name, api_keys=tokens, metrics=metrics.exposition)
+    apis = Apis(service, grpc_server, port, health, http_state, metrics)
+    if server.http_port:
+        apis.http_server = await start_http_server(http_state, server.host, server.http_port)
+        log.info(
+            "OpenAI-compatible HTTP API and /metrics on %s:%d", server.host, apis.http_server.port
         )
-    channel = ControlChannel(ctx, config.server.control_addr, curve)
+    if server.metrics_port:
+        metrics.serve(server.metrics_port, server.host)
+        log.info("Prometheus metrics on %s:%d/metrics", server.host, server.metrics_port)
+    return apis
+
+
+def make_pipeline(
+    config: ControllerConfig, channel: ControlChannel, model_name: str
+) -> PipelineExecutor:
     cluster_mode = bool(config.server.etcd)
     dist_port = config.server.dist_port or (29500 if cluster_mode else free_tcp_port("127.0.0.1"))
-    pipeline = PipelineExecutor(
+    return PipelineExecutor(
         channel,
         config.parallel,
         # Cluster mode: workers started elsewhere must serve this model; local mode started them.
@@ -114,91 +141,138 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         heartbeat_timeout_s=config.server.heartbeat_timeout_s,
         new_dist_port=None if cluster_mode else lambda: free_tcp_port("127.0.0.1"),
     )
+
+
+async def join_cluster(
+    config: ControllerConfig, channel: ControlChannel, grpc_port: int, model_name: str
+) -> ControllerMembership | None:
+    """Cluster mode: publish this controller in etcd so workers find it; None in local mode."""
+    if not config.server.etcd:
+        return None
+    membership = ControllerMembership(config.server.etcd, config.server.cluster)
+    control_port = channel.address.rsplit(":", 1)[1]
+    await membership.start(
+        stage_pb2.ControllerEndpoint(
+            control_addr=f"tcp://{config.server.advertise_host}:{control_port}",
+            grpc_addr=f"{config.server.advertise_host}:{grpc_port}",
+            model=model_name,
+            pp=config.parallel.pp,
+            tp=config.parallel.tp,
+        )
+    )
+    return membership
+
+
+async def wait_for_workers(
+    config: ControllerConfig, pipeline: PipelineExecutor, apis: Apis, stop: asyncio.Event
+) -> int | None:
+    """KV blocks per worker once every worker is present and loaded; None if stopped first."""
+
+    def starting_with_refusal(reason: str) -> None:
+        # Until the health watch runs, Status shows why the pipeline is not forming.
+        if not pipeline.up:
+            apis.service.problem = f"the pipeline is not ready yet; {reason}"
+
+    pipeline.on_refused = starting_with_refusal
+    start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if start not in done:
+        start.cancel()
+        return None
+    return start.result()
+
+
+async def begin_serving(
+    config: ControllerConfig,
+    pipeline: PipelineExecutor,
+    num_blocks: int,
+    model: ServedModel,
+    apis: Apis,
+) -> Engine:
+    """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests."""
+    cache = CacheConfig(
+        block_size=config.cache.block_size, num_blocks=num_blocks, watermark=config.cache.watermark
+    )
+    scheduler = Scheduler(config.scheduler, cache)
+
+    def make_text_stream(request: GenerationRequest) -> TextStream:
+        return TextStream(model.tokenizer, request.stop)
+
+    engine = Engine(scheduler, pipeline, make_text_stream, apis.metrics, admission=config.admission)
+    pipeline.on_down = lambda reason: log.warning(
+        "%d requests requeued for recompute", engine.on_pipeline_down()
+    )
+    pipeline.on_up = engine.on_pipeline_up
+    await pipeline.begin_serving(num_blocks, cache.block_size, engine.on_result)
+    limits = RequestLimits(
+        vocab_size=model.vocab_size,
+        default_max_tokens=config.server.default_max_tokens,
+        max_stop_strings=config.server.max_stop_strings,
+        max_stop_string_chars=config.server.max_stop_string_chars,
+        eos_token_ids=frozenset(model.tokenizer.eos_token_ids),
+    )
+    apis.service.attach(engine, pipeline, limits, model.tokenizer.encode_prompt)
+    apis.http_state.attach(engine, limits, model.tokenizer)
+    apis.http_state.queue_full = engine.queue_full
+    apis.tasks += [
+        asyncio.create_task(engine.run(), name="engine"),
+        asyncio.create_task(
+            watch_health(engine, pipeline, config.server.stall_timeout_s, apis.publish),
+            name="health",
+        ),
+        asyncio.create_task(publish_stage_metrics(engine, pipeline), name="stage-metrics"),
+    ]
+    log.info(
+        "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
+        model.name, config.parallel.pp, config.parallel.tp, num_blocks, cache.block_size,
+        config.scheduler.policy, config.scheduler.budget_tokens,
+    )  # fmt: skip
+    return engine
+
+
+async def end_streams(apis: Apis, engine: Engine | None) -> None:
+    """Open streams end with UNAVAILABLE, not a cut connection."""
+    apis.service.shutting_down = True
+    if engine is not None:
+        for request_id in engine.running_request_ids():
+            engine.abort(request_id)
+        await asyncio.sleep(0.05)
+
+
+async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
+    """Runs until `stop` is set (or SIGINT/SIGTERM), then shuts the workers down."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    model = ServedModel.load(config)
+    apis = await start_apis(config, model.name)
+    ctx = zmq.asyncio.Context()
+    curve = None
+    if config.server.curve_secret_key_file:
+        curve = CurveServerKeys(
+            config.server.curve_secret_key_file, config.server.curve_client_keys_dir
+        )
+    channel = ControlChannel(ctx, config.server.control_addr, curve)
+    pipeline = make_pipeline(config, channel, model.name)
     membership: ControllerMembership | None = None
-    engine_task: asyncio.Task[None] | None = None
-    health_task: asyncio.Task[None] | None = None
     engine: Engine | None = None
     try:
-        if cluster_mode:
-            membership = ControllerMembership(config.server.etcd, config.server.cluster)
-            control_port = channel.address.rsplit(":", 1)[1]
-            await membership.start(
-                stage_pb2.ControllerEndpoint(
-                    control_addr=f"tcp://{config.server.advertise_host}:{control_port}",
-                    grpc_addr=f"{config.server.advertise_host}:{port}",
-                    model=model_name,
-                    pp=config.parallel.pp,
-                    tp=config.parallel.tp,
-                )
-            )
-
-        def starting_with_refusal(reason: str) -> None:
-            # Until the health watch runs, Status shows why the pipeline is not forming.
-            if not pipeline.up:
-                service.problem = f"the pipeline is not ready yet; {reason}"
-
-        pipeline.on_refused = starting_with_refusal
-        start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if start not in done:
-            start.cancel()
+        membership = await join_cluster(config, channel, apis.grpc_port, model.name)
+        num_blocks = await wait_for_workers(config, pipeline, apis, stop)
+        if num_blocks is None:
             return
-        num_blocks = start.result()
-        stopped.cancel()
-        cache = CacheConfig(
-            block_size=config.cache.block_size,
-            num_blocks=num_blocks,
-            watermark=config.cache.watermark,
-        )
-        scheduler = Scheduler(config.scheduler, cache)
-        engine = Engine(scheduler, pipeline, make_text_stream, metrics, admission=config.admission)
-        pipeline.on_down = lambda reason: log.warning(
-            "%d requests requeued for recompute", engine.on_pipeline_down() if engine else 0
-        )
-        pipeline.on_up = engine.on_pipeline_up
-        await pipeline.begin_serving(num_blocks, cache.block_size, engine.on_result)
-        limits = RequestLimits(
-            vocab_size=vocab_size,
-            default_max_tokens=config.server.default_max_tokens,
-            max_stop_strings=config.server.max_stop_strings,
-            max_stop_string_chars=config.server.max_stop_string_chars,
-            eos_token_ids=frozenset(tokenizer.eos_token_ids),
-        )
-        service.attach(engine, pipeline, limits, tokenizer.encode_prompt)
-        http_state.attach(engine, limits, tokenizer)
-        http_state.queue_full = engine.queue_full
-        engine_task = asyncio.create_task(engine.run(), name="engine")
-
-        def publish(problem: str) -> None:
-            service.problem = problem
-            mark_serving(health, serving=not problem)
-
-        health_task = asyncio.create_task(
-            watch_health(engine, pipeline, config.server.stall_timeout_s, publish), name="health"
-        )
-        log.info(
-            "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
-            model_name, config.parallel.pp, config.parallel.tp, num_blocks, cache.block_size,
-            config.scheduler.policy, config.scheduler.budget_tokens,
-        )  # fmt: skip
+        engine = await begin_serving(config, pipeline, num_blocks, model, apis)
         await stop.wait()
     finally:
         log.info("shutting down")
-        service.shutting_down = True
-        if engine is not None:  # open streams end with UNAVAILABLE, not a cut connection
-            for request_id in engine.running_request_ids():
-                engine.abort(request_id)
-            await asyncio.sleep(0.05)
-        if health_task is not None:
-            health_task.cancel()
-        if http_server is not None:
-            await http_server.stop()
-        await server.stop(grace=1.0)
+        await end_streams(apis, engine)
+        await apis.stop()
         await pipeline.shutdown()
         if membership is not None:
             await membership.close()
-        if engine_task is not None:
-            engine_task.cancel()
         channel.close()
         ctx.term()

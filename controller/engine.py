@@ -18,7 +18,7 @@ from typing import Protocol
 from controller.admission import AdmissionConfig, check_admission
 from controller.metrics import ControllerMetrics
 from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
-from controller.telemetry import LatencyWindow
+from controller.telemetry import LatencyWindow, WorkWindow
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class Engine:
         self.make_text_stream = make_text_stream
         self.metrics = metrics
         self.latency = latency or LatencyWindow()
+        self.work = WorkWindow()
+        """When the pipeline had requests to serve: a stage idle then is in a bubble."""
         self.clock = clock
         self.started_at = clock()
         self._handles: dict[int, RequestHandle] = {}
@@ -157,7 +159,7 @@ class Engine:
             if handle is None:
                 continue
             token_id = seq.output_token_ids[-1]
-            self._record_latency(handle, now)
+            self._record_latency(handle, now, len(seq.prompt_token_ids))
             text, hit_stop = handle.text.push(token_id)
             if hit_stop and seq.finish_reason is None:
                 self.scheduler.abort(seq.seq_id, FinishReason.STOP)
@@ -168,12 +170,12 @@ class Engine:
         self.overhead_s += time.thread_time() - start
         self._wake.set()
 
-    def _record_latency(self, handle: RequestHandle, now: float) -> None:
+    def _record_latency(self, handle: RequestHandle, now: float, num_prompt_tokens: int) -> None:
         if handle.first_token_time is None:
             handle.first_token_time = now
             self.latency.add_ttft(now, now - handle.arrival_time)
             if self.metrics:
-                self.metrics.on_first_token(now - handle.arrival_time)
+                self.metrics.on_first_token(now - handle.arrival_time, num_prompt_tokens)
         else:
             assert handle.last_token_time is not None
             self.latency.add_tbt(now, now - handle.last_token_time)
@@ -265,6 +267,7 @@ class Engine:
                 await self.pipeline.submit(batch)
                 self.num_steps += 1
             self.overhead_s += time.thread_time() - start
+            self.work.mark(self.clock(), self.scheduler.has_unfinished)
             if self.metrics:
                 self.metrics.on_scheduler_state(self.scheduler)
             await self._wake.wait()

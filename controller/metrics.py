@@ -1,10 +1,33 @@
-"""Prometheus metrics, named after vLLM's where the meaning is the same so dashboards carry over."""
+"""Prometheus metrics, named after vLLM's where the meaning is the same so dashboards carry over.
+
+Served on the OpenAI HTTP port's `/metrics` (where vLLM serves them, and where an inference
+gateway's endpoint picker scrapes a model server) and, optionally, on a port of their own.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from collections.abc import Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 from controller.scheduler import Scheduler
+from controller.telemetry import StageShares
+
+INFERENCE_GATEWAY_METRICS = {
+    "TotalQueuedRequests": "sarathi:num_requests_waiting",
+    "TotalRunningRequests": "sarathi:num_requests_running",
+    "KVCacheUtilization": "sarathi:kv_cache_usage_perc",
+}
+"""The Gateway API Inference Extension's model server protocol: each metric it scrapes (all
+gauges) and our name for it; the endpoint picker is told these names by flag (see the chart)."""
 
 # Seconds; from 1 ms decodes on GPUs to multi-second queues under overload.
 _LATENCY_BUCKETS_S = (
@@ -14,7 +37,7 @@ _LATENCY_BUCKETS_S = (
 
 
 class ControllerMetrics:
-    """One registry per controller (no global state), served on its own port."""
+    """One registry per controller (no global state)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -47,30 +70,66 @@ class ControllerMetrics:
         self.preemptions = Counter(
             "sarathi:num_preemptions", "Sequences preempted for recompute.", registry=r
         )
+        self.prompt_tokens = Counter(
+            "sarathi:prompt_tokens", "Prompt tokens of requests that got a first token.", registry=r
+        )
+        self.generation_tokens = Counter(
+            "sarathi:generation_tokens", "Output tokens sent to clients.", registry=r
+        )
         self.success = Counter(
             "sarathi:request_success",
             "Finished requests by finish reason.",
             ["finished_reason"],
             registry=r,
         )
-        self.stage_busy = Gauge(
-            "sarathi:stage_busy_ratio", "Stage busy time over wall time.", ["stage"], registry=r
+        window = "over the last 30 s"
+        self.stage_utilization = Gauge(
+            "sarathi:stage_utilization_ratio",
+            f"Stage busy time over wall time, {window}.",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_bubble = Gauge(
+            "sarathi:stage_bubble_ratio",
+            f"Share of wall time the stage idled while the pipeline had work, {window}.",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_idle = Gauge(
+            "sarathi:stage_idle_ratio",
+            f"Share of wall time with no work at all, {window}.",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_busy_seconds = Counter(
+            "sarathi:stage_busy_seconds",
+            "Seconds the stage has computed (rate() of it is the stage's utilization).",
+            ["stage"],
+            registry=r,
         )
         self.bubble = Gauge(
             "sarathi:pipeline_bubble_fraction",
-            "1 minus the mean stage busy ratio.",
+            f"Bubble over busy plus bubble time, mean over stages, {window}.",
             registry=r,
         )
         self._preemptions_seen = 0
+        self._busy_s_seen: dict[int, float] = {}
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)
 
-    def on_first_token(self, ttft_s: float) -> None:
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition and its content type, for an HTTP server of our own."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def on_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
         self.ttft.observe(ttft_s)
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc()
 
     def on_token_gap(self, gap_s: float) -> None:
         self.itl.observe(gap_s)
+        self.generation_tokens.inc()
 
     def on_finished(self, reason: str, queue_s: float) -> None:
         self.success.labels(finished_reason=reason).inc()
@@ -84,8 +143,17 @@ class ControllerMetrics:
             self.preemptions.inc(sched.num_preemptions - self._preemptions_seen)
             self._preemptions_seen = sched.num_preemptions
 
-    def on_stage_utilization(self, busy_ratios: list[float]) -> None:
-        for stage, ratio in enumerate(busy_ratios):
-            self.stage_busy.labels(stage=str(stage)).set(ratio)
-        if busy_ratios:
-            self.bubble.set(1.0 - sum(busy_ratios) / len(busy_ratios))
+    def on_stages(self, shares: Sequence[StageShares], busy_s_totals: Sequence[float]) -> None:
+        for stage, (share, busy_s_total) in enumerate(zip(shares, busy_s_totals, strict=True)):
+            label = str(stage)
+            self.stage_utilization.labels(stage=label).set(share.utilization)
+            self.stage_bubble.labels(stage=label).set(share.bubble)
+            self.stage_idle.labels(stage=label).set(share.idle)
+            # A rebuilt stage's workers count from zero again: all of their total is new then.
+            seen = self._busy_s_seen.get(stage, 0.0)
+            new_s = busy_s_total - seen if busy_s_total >= seen else busy_s_total
+            if new_s > 0:
+                self.stage_busy_seconds.labels(stage=label).inc(new_s)
+            self._busy_s_seen[stage] = busy_s_total
+        if shares:
+            self.bubble.set(sum(s.bubble_fraction for s in shares) / len(shares))

@@ -17,6 +17,7 @@ from controller.api_request import RequestLimits, to_generation_request
 from controller.engine import Engine
 from controller.scheduler import FinishReason, InvalidRequestError
 from controller.security import BearerTokenInterceptor
+from controller.stage_report import stage_shares
 from controller.telemetry import percentile
 
 if TYPE_CHECKING:
@@ -147,17 +148,15 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             controller_busy_s_total=engine.overhead_s,
         )
     )
-    ratios = []
     stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None
-    for stage in pipeline.stages:
-        utilization = stage.utilization(now, since=pipeline.started_at)
-        ratios.append(utilization)
+    for stage, shares in zip(pipeline.stages, stage_shares(engine, pipeline, now), strict=True):
         status.stages.add(
             stage=stage.stage,
             host=stage.host,
             tp_ranks=sorted(stage.tp_ranks),
-            utilization_pct=100.0 * utilization,
-            bubble_pct=100.0 * (1.0 - utilization),
+            utilization_pct=100.0 * shares.utilization,
+            bubble_pct=100.0 * shares.bubble,
+            idle_pct=100.0 * shares.idle,
             step_time_p50_s=stage.step_time_p50_s(),
             micro_batches_in_flight=pipeline.inflight_on_stage(stage.stage),
             up=pipeline.up or len(stage.tp_ranks) == pipeline.parallel.tp,
@@ -165,8 +164,6 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             heartbeat_age_s=pipeline.heartbeat_age_s(stage.stage, now),
             stalled=stage.stage == stalled_stage,
         )
-    if engine.metrics:
-        engine.metrics.on_stage_utilization(ratios)
     ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)
     status.latency.CopyFrom(
         generate_pb2.LatencyStatus(

@@ -1,4 +1,9 @@
-"""Per-stage utilization from the workers' own busy time, and per-request latency windows."""
+"""Per-stage utilization, bubble and idle from the workers' own busy time, and latency windows.
+
+One definition everywhere: utilization is a stage's busy time over wall time; a bubble is time a
+stage idles while the pipeline has work (requests waiting or running); idle is time with no work
+at all. The three shares of a stage's wall time add up to 1.
+"""
 
 from __future__ import annotations
 
@@ -51,8 +56,67 @@ class StageTelemetry:
             return 0.0
         return min(1.0, sum(busy for _, busy in self._steps) / span)
 
+    def busy_s(self, now: float) -> float:
+        """Busy seconds reported within the window."""
+        self._trim(now)
+        return sum(busy for _, busy in self._steps)
+
     def step_time_p50_s(self) -> float:
         return percentile(sorted(busy for _, busy in self._steps), 0.5)
+
+
+class WorkWindow:
+    """When the pipeline had work (requests waiting or running), over a recent window.
+
+    The engine reports its state after every change; the window keeps the intervals with work.
+    """
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self._intervals: deque[tuple[float, float]] = deque()  # closed (start, end) with work
+        self._open_since: float | None = None
+
+    def mark(self, now: float, has_work: bool) -> None:
+        if has_work and self._open_since is None:
+            self._open_since = now
+        elif not has_work and self._open_since is not None:
+            self._intervals.append((self._open_since, now))
+            self._open_since = None
+            while self._intervals and self._intervals[0][1] < now - self.window_s:
+                self._intervals.popleft()
+
+    def work_s(self, now: float, since: float) -> float:
+        """Seconds with work in the window (or since `since`, if later)."""
+        start = max(now - self.window_s, since)
+        total = sum(max(0.0, end - max(begin, start)) for begin, end in self._intervals)
+        if self._open_since is not None:
+            total += max(0.0, now - max(self._open_since, start))
+        return total
+
+
+@dataclass(frozen=True)
+class StageShares:
+    """A stage's wall time split three ways over the recent window; the shares add up to 1."""
+
+    utilization: float
+    bubble: float
+    idle: float
+
+    @classmethod
+    def of(cls, busy_s: float, work_s: float, span_s: float) -> StageShares:
+        if span_s <= 0:
+            return cls(0.0, 0.0, 1.0)
+        # Heartbeats report a step's busy time a little after it ran, so busy can exceed the work
+        # time at the window's edges: clamp rather than report a negative bubble.
+        utilization = min(1.0, busy_s / span_s)
+        bubble = min(1.0 - utilization, max(0.0, work_s - busy_s) / span_s)
+        return cls(utilization, bubble, max(0.0, 1.0 - utilization - bubble))
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Bubble over busy plus bubble: how much of the time with work the stage waited."""
+        working = self.utilization + self.bubble
+        return self.bubble / working if working > 0 else 0.0
 
 
 class LatencyWindow:

@@ -67,12 +67,21 @@ def build_app(state: HttpApiState) -> Starlette:
             return error_response(ApiError(503, "the pipeline is not ready", code="not_ready"))
         return JSONResponse({"status": "ok"})
 
+    async def metrics(request: Request) -> Response:
+        # Prometheus and inference gateways scrape here, as they do vLLM; like /health it needs
+        # no API key (vLLM's /metrics does not either), and it answers while the pipeline is down.
+        if state.metrics is None:
+            return error_response(ApiError(404, "this controller exports no metrics"))
+        body, content_type = state.metrics()
+        return Response(body, media_type=content_type)
+
     return Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         exception_handlers={
             ApiError: _api_error,

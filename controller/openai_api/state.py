@@ -48,6 +48,8 @@ class HttpApiState:
     `Authorization: Bearer <one of these>` or get 401. Empty: no authentication."""
     queue_full: Callable[[], bool] = _never_full
     """Hook for admission control (not built yet): True refuses new requests with 429."""
+    metrics: Callable[[], tuple[bytes, str]] | None = None
+    """The Prometheus exposition and its content type, served on /metrics; None: 404."""
     created_s: int = field(default_factory=lambda: int(time.time()))
     """Unix time the model was loaded (/v1/models `created`)."""
     serving: Serving | None = None

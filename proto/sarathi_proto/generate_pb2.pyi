@@ -91,7 +91,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled")
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled", "idle_pct")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TP_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class StageStatus(_message.Message):
     BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     STALLED_FIELD_NUMBER: _ClassVar[int]
+    IDLE_PCT_FIELD_NUMBER: _ClassVar[int]
     stage: int
     host: str
     tp_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -114,7 +115,8 @@ class StageStatus(_message.Message):
     busy_s_total: float
     heartbeat_age_s: float
     stalled: bool
-    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ...) -> None: ...
+    idle_pct: float
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
     __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total")

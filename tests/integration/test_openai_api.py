@@ -1,11 +1,13 @@
 """The OpenAI-compatible HTTP API of a real local cluster (controller + 2 stages) on a tiny random
-Llama, called with the official `openai` client, and checked against gRPC `Generate`.
+Llama, called with the official `openai` client, and checked against gRPC `Generate`; and its
+Prometheus metrics, as Grafana and an inference gateway read them.
 
 One cluster for the module (start-up costs seconds on a 2-core machine).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -19,9 +21,12 @@ import openai
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, free_port
 
+from controller.metrics import INFERENCE_GATEWAY_METRICS
 from controller.tokenizer import Tokenizer
 from tests.integration.cluster_factories import make_tiny_served_model
 
@@ -235,3 +240,82 @@ def test_closing_a_stream_early_frees_its_kv_blocks(served: Served) -> None:
         assert time.monotonic() < deadline, f"blocks still held: {sched}"
         time.sleep(0.05)
     assert _aborted_count(served) == aborted_before + 1  # ended by the abort, not by finishing
+
+
+# ---- Prometheus metrics: where users and inference gateways look --------------------------------
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "deploy"
+    / "helm"
+    / "sarathi-cluster"
+    / "dashboards"
+    / "sarathi-cluster.json"
+)
+
+
+def _exposition(url: str) -> dict[str, Metric]:
+    """Metric families by name, as Prometheus parses them (counters lose `_total` here)."""
+    text = httpx.get(url, timeout=10).text
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _sample_names(families: dict[str, Metric]) -> set[str]:
+    return {sample.name for family in families.values() for sample in family.samples}
+
+
+def _dashboard_series(node: object) -> set[str]:
+    """Every `sarathi:` series named in the dashboard's queries."""
+    if isinstance(node, dict):
+        found = set(re.findall(r"sarathi:[a-z_]+", node.get("expr", "")))
+        return found.union(*(_dashboard_series(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_dashboard_series(v) for v in node))
+    return set()
+
+
+@pytest.fixture(scope="module")
+def exposition(served: Served) -> dict[str, Metric]:
+    """The HTTP port's /metrics after one finished request and a stage-gauge refresh."""
+    served.grpc_text(prompt="Hello", max_tokens=4)
+    url = f"http://127.0.0.1:{served.cluster.http_port}/metrics"
+    deadline = time.monotonic() + 10
+    families = _exposition(url)
+    while not families["sarathi:stage_idle_ratio"].samples and time.monotonic() < deadline:
+        time.sleep(0.2)  # the stage gauges are refreshed once a second
+        families = _exposition(url)
+    return families
+
+
+def test_metrics_on_the_openai_port_as_on_the_metrics_port(
+    served: Served, exposition: dict[str, Metric]
+) -> None:
+    own_port = _exposition(f"http://127.0.0.1:{served.metrics_port}/metrics")
+    assert set(own_port) == set(exposition)
+    assert exposition["sarathi:generation_tokens"].samples[0].value >= 4
+    assert exposition["sarathi:prompt_tokens"].samples[0].value >= 1
+
+
+def test_the_inference_gateway_finds_its_gauges(exposition: dict[str, Metric]) -> None:
+    for role, name in INFERENCE_GATEWAY_METRICS.items():
+        assert name in exposition, f"{role} ({name}) is not exported"
+        assert exposition[name].type == "gauge", f"{role} must be a gauge"
+    kv_usage = exposition[INFERENCE_GATEWAY_METRICS["KVCacheUtilization"]].samples[0].value
+    assert 0.0 <= kv_usage <= 1.0
+
+
+def test_every_series_the_dashboard_queries_is_exported(exposition: dict[str, Metric]) -> None:
+    used = _dashboard_series(json.loads(DASHBOARD.read_text()))
+    assert {"sarathi:stage_bubble_ratio", "sarathi:stage_idle_ratio"} <= used
+    missing = sorted(used - _sample_names(exposition))
+    assert missing == [], f"the dashboard queries series the controller does not export: {missing}"
+
+
+def test_each_stage_splits_its_time_into_busy_bubble_and_idle(
+    exposition: dict[str, Metric],
+) -> None:
+    shares: dict[str, float] = {}
+    for name in ("stage_utilization_ratio", "stage_bubble_ratio", "stage_idle_ratio"):
+        for sample in exposition[f"sarathi:{name}"].samples:
+            shares[sample.labels["stage"]] = shares.get(sample.labels["stage"], 0.0) + sample.value
+    assert sorted(shares) == ["0", "1"]
+    assert all(total == pytest.approx(1.0, abs=1e-6) for total in shares.values())

@@ -55,7 +55,10 @@ class LocalClusterConfig:
     port: int = 50051
     """gRPC port of the controller; 0 picks a free one."""
     http_port: int | None = None
-    """OpenAI-compatible HTTP API port; None: no HTTP API; 0 picks a free one."""
+    """OpenAI-compatible HTTP API port (it serves /metrics too); None: no HTTP API; 0 picks a
+    free one."""
+    metrics_port: int = 0
+    """Prometheus /metrics on a port of its own; 0: none."""
     dtype: str = "float32"
     """Weights and activations on the workers."""
     threads_per_worker: int = 1
@@ -118,6 +121,7 @@ class LocalCluster:
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
                 "--port", str(self.port), "--control-addr", control,
                 *(["--http-port", str(self.http_port)] if self.http_port else []),
+                *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []),
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
                 *(["--max-num-seqs", str(cfg.max_num_seqs)] if cfg.max_num_seqs else []),
                 *cfg.extra_controller_args,

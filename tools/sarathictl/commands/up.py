@@ -43,6 +43,7 @@ def cluster_config(
         budget_tokens=args.budget,
         port=port,
         http_port=http_port,
+        metrics_port=getattr(args, "metrics_port", 0),
         dtype=args.dtype,
         threads_per_worker=args.threads,
         kv_cache_bytes=args.kv_cache_mb << 20,
@@ -55,7 +56,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--local", action="store_true", required=True, help="local mode (required)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port of the controller")
     p.add_argument(
-        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+        "--http-port",
+        type=int,
+        default=0,
+        help="OpenAI-compatible HTTP API port, with Prometheus /metrics beside it (0: off)",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="Prometheus /metrics on its own port (0: off)"
     )
     add_cluster_flags(p)
     add_reliability_flags(p)
@@ -105,7 +112,12 @@ def run(args: argparse.Namespace) -> int:
             f"serving on {cluster.addr} (logs in {cluster.log_dir}); Ctrl-C stops everything\n"
             f'  sarathictl generate --addr {cluster.addr} "Hello"\n'
             f"  sarathictl status --addr {cluster.addr}"
-            + (f"\n  OpenAI-compatible API: {cluster.http_base_url}" if cluster.http_port else ""),
+            + (f"\n  OpenAI-compatible API: {cluster.http_base_url}" if cluster.http_port else "")
+            + (
+                f"\n  Prometheus metrics: http://127.0.0.1:{args.metrics_port}/metrics"
+                if args.metrics_port
+                else ""
+            ),
             file=sys.stderr,
         )
         while not stop.wait(0.2):
