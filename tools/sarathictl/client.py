@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterator
 
 import grpc
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
 DEFAULT_ADDR = "127.0.0.1:50051"
+
+# Round robin over every address the target resolves to: with `dns:///<headless Service>:<port>`
+# (the chart's `<release>-grpc-headless`), successive calls go to successive controllers, one per
+# pipeline; a plain host:port is one address, where this changes nothing. gRPC re-resolves the
+# name when a connection drops, so pipelines added or gone are picked up.
+CHANNEL_OPTIONS = (
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+)
 
 FINISH_NAMES = {
     generate_pb2.FINISH_REASON_LENGTH: "length",
@@ -25,9 +34,9 @@ class Client:
         if tls_ca_file:
             with open(tls_ca_file, "rb") as f:
                 credentials = grpc.ssl_channel_credentials(f.read())
-            self._channel = grpc.secure_channel(addr, credentials)
+            self._channel = grpc.secure_channel(addr, credentials, CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.insecure_channel(addr)
+            self._channel = grpc.insecure_channel(addr, CHANNEL_OPTIONS)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
@@ -54,7 +63,12 @@ class Client:
 
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
     """--addr plus what a secured controller needs: its CA and a bearer token."""
-    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
+    p.add_argument(
+        "--addr",
+        default=DEFAULT_ADDR,
+        help=f"controller host:port (default {DEFAULT_ADDR}), or dns:///NAME:PORT to spread calls "
+        "over every address NAME resolves to (a headless Service over several pipelines)",
+    )
     p.add_argument("--tls-ca", default="", help="PEM CA of the controller's certificate (TLS)")
     p.add_argument(
         "--token-file", default="", help="file whose first line is the bearer token to send"
