@@ -152,8 +152,9 @@ class ControllerMetrics:
             # A rebuilt stage's workers count from zero again: all of their total is new then.
             seen = self._busy_s_seen.get(stage, 0.0)
             new_s = busy_s_total - seen if busy_s_total >= seen else busy_s_total
+            busy = self.stage_busy_seconds.labels(stage=label)  # exported from 0 on
             if new_s > 0:
-                self.stage_busy_seconds.labels(stage=label).inc(new_s)
+                busy.inc(new_s)
             self._busy_s_seen[stage] = busy_s_total
         if shares:
             self.bubble.set(sum(s.bubble_fraction for s in shares) / len(shares))
