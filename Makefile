@@ -76,11 +76,15 @@ CHART := deploy/helm/sarathi-cluster
 $(HELM): tools/helm_bin.py
 	$(PY) tools/helm_bin.py --dest $(HELM)
 
-# Lints and renders the chart for both documented values sets, validates every object strictly
-# against the Kubernetes schemas (offline), and checks k8s/ has not drifted from the chart.
+# Lints the chart with its defaults (the CPU demo), both documented values sets and every optional
+# object on, validates every object strictly against the Kubernetes schemas (offline; the CRD kinds
+# InferencePool, ServiceMonitor and HTTPRoute are checked by the tests instead), and checks k8s/
+# has not drifted from the chart.
 helm: install $(HELM)
+	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/gpu-tp4-pp2-values.yaml
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/cpu-pp2-values.yaml
+	$(HELM) lint --strict $(CHART) --set pipelines=2,inferencePool.enabled=true,inferencePool.httpRoute.gatewayName=gw,metrics.serviceMonitor.enabled=true,metrics.grafanaDashboard.enabled=true
 	$(PY) tools/k8s_manifests.py --check
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 k8s/*.yaml
 	$(PY) -m pytest -q tests/unit/test_helm_chart.py tests/integration/test_helm_stage_entrypoint.py

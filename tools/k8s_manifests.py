@@ -1,8 +1,10 @@
 """Renders the plain Kubernetes manifests in k8s/ from the Helm chart, or checks they are current.
 
-Each documented values set (the chart's ci/*-values.yaml) becomes k8s/<set>.yaml, rendered with
-release name `sarathi-cluster` and no namespace, so `kubectl apply -n NS -f k8s/<set>.yaml` works
-in any namespace. Usage: `python tools/k8s_manifests.py [--check]` (--check: exit 1 on drift).
+The chart's defaults and each documented values set (the chart's ci/*-values.yaml) become
+k8s/<set>.yaml, rendered with release name `sarathi-cluster` and no namespace, so
+`kubectl apply -n NS -f k8s/<set>.yaml` works in any namespace. The `helm test` pod is left out
+(it belongs to `helm test`, not to an apply). Usage: `python tools/k8s_manifests.py [--check]`
+(--check: exit 1 on drift).
 """
 
 from __future__ import annotations
@@ -31,10 +33,20 @@ HEADER = (
 class ValuesSet:
     name: str
     """Output file stem in k8s/."""
-    values_file: Path
+    values_file: Path | None
+    """None: the chart's default values."""
+
+    def helm_args(self) -> tuple[str, ...]:
+        return ("-f", str(self.values_file)) if self.values_file else ()
+
+    def describe(self) -> str:
+        if self.values_file is None:
+            return "its default values"
+        return str(self.values_file.relative_to(REPO_ROOT))
 
 
 VALUES_SETS = (
+    ValuesSet("demo-cpu-pp2", None),
     ValuesSet("gpu-tp4-pp2", CHART_DIR / "ci" / "gpu-tp4-pp2-values.yaml"),
     ValuesSet("cpu-pp2", CHART_DIR / "ci" / "cpu-pp2-values.yaml"),
 )
@@ -50,8 +62,8 @@ def helm_template(helm: Path, *args: str) -> str:
 
 
 def render(helm: Path, values_set: ValuesSet) -> str:
-    rel = values_set.values_file.relative_to(REPO_ROOT)
-    return HEADER.format(values=rel) + helm_template(helm, "-f", str(values_set.values_file))
+    manifests = helm_template(helm, "--skip-tests", *values_set.helm_args())
+    return HEADER.format(values=values_set.describe()) + manifests
 
 
 def output_path(values_set: ValuesSet) -> Path:

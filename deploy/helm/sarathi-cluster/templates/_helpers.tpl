@@ -36,6 +36,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "sarathi.stagesServiceName" -}}
 {{- printf "%s-stages" (include "sarathi.fullname" .) -}}
 {{- end -}}
+{{- define "sarathi.grpcHeadlessName" -}}
+{{- printf "%s-grpc-headless" (include "sarathi.fullname" .) -}}
+{{- end -}}
+{{- define "sarathi.eppName" -}}
+{{- printf "%s-epp" (include "sarathi.fullname" .) -}}
+{{- end -}}
+
+{{/* Labels of every controller pod of the release (Services, InferencePool, ServiceMonitor). */}}
+{{- define "sarathi.controllerSelector" -}}
+{{ include "sarathi.selectorLabels" . }}
+app.kubernetes.io/component: controller
+{{- end -}}
 {{- define "sarathi.clusterName" -}}
 {{- printf "%s-p%d" (.root.Values.etcd.clusterName | default (include "sarathi.fullname" .root)) (int .pipeline) -}}
 {{- end -}}
@@ -67,9 +79,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 Checks the schema cannot express (it sees one field at a time); they also hold with
 --skip-schema-validation.
 */}}
+{{- define "sarathi.demoModelPath" -}}/opt/sarathi/models/smollm2-135m-instruct{{- end -}}
+
 {{- define "sarathi.validate" -}}
+{{- if hasKey .Values "replicas" -}}
+{{- fail (printf "replicas=%v: the value is now called pipelines (independent pipelines, a controller and its pp stage pods each): --set pipelines=%v" .Values.replicas .Values.replicas) -}}
+{{- end -}}
 {{- if not .Values.model.path -}}
 {{- fail "model.path is required: the folder with config.json, tokenizer.json and *.safetensors inside the pods (--set model.path=/models/NAME)" -}}
+{{- end -}}
+{{- if and (eq .Values.device "cuda") (eq .Values.model.path (include "sarathi.demoModelPath" .)) (not .Values.model.volume) -}}
+{{- fail "device=cuda: the demo model is baked into the CPU image only; set model.path and model.volume to the weights (see ci/gpu-tp4-pp2-values.yaml)" -}}
+{{- end -}}
+{{- if and .Values.inferencePool.enabled (not (int .Values.controller.httpPort)) -}}
+{{- fail "inferencePool.enabled needs controller.httpPort: the inference gateway sends OpenAI requests and reads /metrics there" -}}
 {{- end -}}
 {{- if or (lt (int .Values.pp) 1) (lt (int .Values.tp) 1) (gt (int .Values.tp) 8) -}}
 {{- fail (printf "pp=%v tp=%v: pp must be >= 1 and tp in 1..8" .Values.pp .Values.tp) -}}
@@ -90,15 +113,22 @@ Checks the schema cannot express (it sees one field at a time); they also hold w
 {{- $cfg | sha256sum | trunc 16 -}}
 {{- end -}}
 
-{{/* The model volume and its mount, shared by controller and stage pods. */}}
+{{/*
+The model volume and its mount, shared by controller and stage pods; nothing when model.volume is
+empty (the model is in the image).
+*/}}
 {{- define "sarathi.modelVolume" -}}
+{{- if .Values.model.volume -}}
 - name: model
   {{- toYaml .Values.model.volume | nindent 2 }}
 {{- end -}}
+{{- end -}}
 {{- define "sarathi.modelMount" -}}
+{{- if .Values.model.volume -}}
 - name: model
   mountPath: {{ .Values.model.mountPath }}
   readOnly: true
+{{- end -}}
 {{- end -}}
 
 {{/* Pod (anti-)affinity term matching the stage pods of one pipeline; call with $p. */}}
