@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from controller.admission import AdmissionConfig, WhileDown
 from controller.app import read_model_config, serve
@@ -15,37 +18,109 @@ from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, poli
 from controller.scheduler.config import CHUNKED_POLICIES
 
 
+@dataclass(frozen=True)
+class Number:
+    """An argparse `type=`: an int or finite float that `ok` accepts. A bad value fails at parse
+    time naming the flag, the value and the rule: `argument --pp: must be at least 1, got 0`.
+    (The bounds are the configuration's own, which checks them again when it is built.)"""
+
+    kind: type[int] | type[float]
+    allowed: str
+    ok: Callable[[Any], bool]
+    bad_values: tuple[str, ...]
+    """Values refused: tests/unit/test_cli_flags.py feeds them to the flag."""
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value: int | float | None = self.kind(text)
+        except ValueError:
+            value = None
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            noun = "an integer" if self.kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {noun} {self.allowed}, got {text!r}")
+        if not self.ok(value):
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text}")
+        return value
+
+
+def int_at_least(lo: int) -> Number:
+    return Number(int, f"at least {lo}", lambda v: v >= lo, ("abc", str(lo - 1)))
+
+
+def power_of_two() -> Number:
+    return Number(int, "a power of two", lambda v: v >= 1 and not v & (v - 1), ("abc", "0", "24"))
+
+
+def port(zero: str) -> Number:
+    """A TCP port; `zero` says what 0 means for this flag."""
+    return Number(
+        int,
+        f"a TCP port in [0, 65535] (0: {zero})",
+        lambda v: 0 <= v <= 65535,
+        ("x", "-1", "65536"),
+    )
+
+
+def float_above(lo: float) -> Number:
+    return Number(float, f"above {lo:g}", lambda v: v > lo, ("abc", "nan", f"{lo:g}"))
+
+
+def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Number:
+    """[lo, hi], or (lo, hi] with lo_open."""
+    allowed = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    bad = ("abc", "nan", f"{lo if lo_open else lo - 1:g}", f"{hi + 1:g}")
+    return Number(float, allowed, lambda v: (v > lo if lo_open else v >= lo) and v <= hi, bad)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m controller", description=__doc__)
+    positive = int_at_least(1)
     p.add_argument("--model", required=True, help="model folder (config.json, tokenizer.json)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
+    p.add_argument("--pp", type=positive, default=1, help="pipeline stages")
+    p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
-    p.add_argument("--budget", type=int, default=512, help="token budget per micro-batch")
-    p.add_argument("--tile", type=int, default=32, help="tile size the budget is a multiple of")
+    p.add_argument(
+        "--budget",
+        type=positive,
+        default=512,
+        help="token budget per micro-batch (a multiple of --tile)",
+    )
+    p.add_argument(
+        "--tile",
+        type=power_of_two(),
+        default=32,
+        help="tile size the budget is a multiple of (a power of two)",
+    )
     p.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=positive,
         default=None,
         help="most running sequences (default: 128, at most the budget for chunked policies)",
     )
     p.add_argument(
         "--max-model-len",
-        type=int,
+        type=int_at_least(2),
         default=None,
         help="most tokens per sequence (default: the model's max_position_embeddings)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument(
+        "--block-size",
+        type=power_of_two(),
+        default=16,
+        help="tokens per KV-cache block (a power of two)",
+    )
     p.add_argument(
         "--no-chunk-pipelining",
         action="store_true",
         help="wait for a prompt's chunk to leave the pipeline before sending its next one",
     )
     p.add_argument("--host", default="127.0.0.1", help="address of the gRPC and HTTP APIs")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
     p.add_argument(
-        "--http-port", type=int, default=0, help="OpenAI-compatible HTTP API port (0: off)"
+        "--port", type=port("any free port"), default=50051, help="gRPC port (0: any free port)"
+    )
+    p.add_argument("--metrics-port", type=port("off"), default=0, help="Prometheus port (0: off)")
+    p.add_argument(
+        "--http-port", type=port("off"), default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
     p.add_argument(
         "--control-addr", default="tcp://127.0.0.1:0", help="ZeroMQ address workers connect to"
@@ -54,7 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dist-host", default="", help="torch.distributed rendezvous host (default: rank 0's)"
     )
     p.add_argument(
-        "--dist-port", type=int, default=0, help="rendezvous port (0: free port / 29500 with etcd)"
+        "--dist-port",
+        type=port("a free port, or 29500 with --etcd"),
+        default=0,
+        help="rendezvous port (0: free port / 29500 with etcd)",
     )
     p.add_argument("--etcd", default="", help="etcd HOST:PORT: cluster mode (membership)")
     p.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
@@ -62,9 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--advertise-host", default="", help="address workers reach this controller at (cluster)"
     )
     p.add_argument("--socket-ifname", default="", help="NCCL/gloo network interface")
-    p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when unset")
+    p.add_argument("--default-max-tokens", type=positive, default=256, help="max_tokens when unset")
     p.add_argument(
-        "--worker-start-timeout", type=float, default=300.0, help="seconds to wait for workers"
+        "--worker-start-timeout",
+        type=float_above(0.0),
+        default=300.0,
+        help="seconds to wait for workers",
     )
     add_reliability_flags(p)
     return p
@@ -74,18 +155,21 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     defaults = AdmissionConfig()
     p.add_argument(
         "--max-queued-requests",
-        type=int,
+        type=int_at_least(1),
         default=defaults.max_queued_requests,
         help="requests waiting for admission before new ones get RESOURCE_EXHAUSTED",
     )
     p.add_argument(
         "--max-queued-prompt-tokens",
-        type=int,
+        type=int_at_least(1),
         default=defaults.max_queued_prompt_tokens,
         help="prompt tokens waiting for admission before new requests are refused",
     )
     p.add_argument(
-        "--retry-after", type=float, default=defaults.retry_after_s, help="retry hint (s)"
+        "--retry-after",
+        type=float_in(0.0, 3600.0, lo_open=True),
+        default=defaults.retry_after_s,
+        help="retry hint (s), in (0, 3600]",
     )
     p.add_argument(
         "--while-down",
@@ -95,13 +179,13 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=float,
+        type=float_in(0.5, 3600.0),
         default=5.0,
         help="seconds before a silent worker counts as down",
     )
     p.add_argument(
         "--stall-timeout",
-        type=float,
+        type=float_in(0.5, 86400.0),
         default=30.0,
         help="seconds without a completed step (requests waiting) before health is NOT_SERVING",
     )

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
+import re
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from sarathi_proto import stage_pb2
@@ -18,7 +22,52 @@ from stage_worker.etcd_registration import EtcdRegistration
 from stage_worker.worker import StageWorker, WorkerConfig, WorkerRejected, install_log_tag
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+@dataclass(frozen=True)
+class Checked:
+    """An argparse `type=`: `convert` the text, then `ok` must accept it. A bad value fails at
+    parse time naming the flag, the value and the rule (`argument --stage: must be at least -1,
+    got -2`); the bounds are WorkerConfig's own, which checks them again."""
+
+    convert: Callable[[str], Any]
+    allowed: str
+    ok: Callable[[Any], bool]
+    bad_values: tuple[str, ...]
+    """Values refused: tests/unit/test_cli_flags.py feeds them to the flag."""
+
+    def __call__(self, text: str) -> Any:
+        try:
+            value = self.convert(text)
+        except ValueError:
+            value = None
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            noun = "an integer" if self.convert is int else "a number"  # str never fails here
+            raise argparse.ArgumentTypeError(f"must be {noun} {self.allowed}, got {text!r}")
+        if not self.ok(value):
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text}")
+        return value
+
+
+def int_at_least(lo: int) -> Checked:
+    return Checked(int, f"at least {lo}", lambda v: v >= lo, ("abc", str(lo - 1)))
+
+
+def float_above(lo: float) -> Checked:
+    return Checked(float, f"above {lo:g}", lambda v: v > lo, ("abc", "nan", f"{lo:g}"))
+
+
+def float_in(lo: float, hi: float) -> Checked:
+    bad = ("abc", "nan", f"{lo - 1:g}", f"{hi + 1:g}")
+    return Checked(float, f"in [{lo:g}, {hi:g}]", lambda v: lo <= v <= hi, bad)
+
+
+def device() -> Checked:
+    return Checked(
+        str, "cpu, cuda or cuda:N", lambda v: re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
+        ("tpu", "cuda:x"),
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m stage_worker", description=__doc__)
     p.add_argument(
         "--controller", default="", help="controller ROUTER address, tcp://HOST:PORT (local mode)"
@@ -31,16 +80,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="address other nodes reach this worker at (default: the route to the controller)",
     )
     p.add_argument(
-        "--controller-wait", type=float, default=600.0, help="seconds to wait for a controller"
+        "--controller-wait",
+        type=float_above(0.0),
+        default=600.0,
+        help="seconds to wait for a controller",
     )
     p.add_argument("--model", required=True, help="folder with config.json and *.safetensors")
-    p.add_argument("--stage", type=int, default=-1, help="requested stage (-1: assigned)")
-    p.add_argument("--tp-rank", type=int, default=-1, help="requested TP rank (-1: assigned)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument(
+        "--stage", type=int_at_least(-1), default=-1, help="requested stage (-1: assigned)"
+    )
+    p.add_argument(
+        "--tp-rank", type=int_at_least(-1), default=-1, help="requested TP rank (-1: assigned)"
+    )
+    p.add_argument("--device", type=device(), default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="CPU KV-cache budget")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block for the report")
-    p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument(
+        "--kv-cache-bytes", type=int_at_least(0), default=1 << 30, help="CPU KV-cache budget"
+    )
+    p.add_argument(
+        "--block-size", type=int_at_least(1), default=16, help="tokens per block for the report"
+    )
+    p.add_argument(
+        "--num-threads", type=int_at_least(0), default=0, help="torch threads (0: default)"
+    )
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
     p.add_argument(
         "--send-slices",
@@ -55,7 +117,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--controller-timeout",
-        type=float,
+        type=float_in(1.0, 3600.0),
         default=10.0,
         help="seconds without a message from the controller before exiting to re-register",
     )
@@ -63,6 +125,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--curve-server-key-file", default="", help="controller's public ZeroMQ certificate"
     )
     p.add_argument("--curve-key-file", default="", help="this worker's secret ZeroMQ certificate")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = build_parser()
     a = p.parse_args(argv)
     if bool(a.controller) == bool(a.etcd):
         p.error("give exactly one of --controller (local mode) and --etcd (cluster mode)")

@@ -68,5 +68,5 @@ def test_random_falcon_names_the_bad_field(
     assert main(["model", "random-falcon", out, "--num-heads", "8", "--num-kv-heads", "3"]) == 2
     assert "num_attention_heads must be a multiple of num_kv_heads" in capsys.readouterr().err
     assert main(["model", "random-falcon", out, "--num-layers", "0"]) == 2
-    assert "num_hidden_layers must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --num-layers: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()  # nothing half-written

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 from controller.executor.simulated import SimRequest
+from sarathictl.argtypes import float_above, int_at_least
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.client import DEFAULT_ADDR
@@ -18,15 +19,17 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         default="splitwise",
         help="arxiv, splitwise (shipped traces), a CSV path, or lognormal/zipf/uniform/fixed",
     )
-    p.add_argument("--num-requests", type=int, default=64, help="requests to send")
-    p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    p.add_argument("--num-requests", type=int_at_least(1), default=64, help="requests to send")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="workload and prompt seed")
     p.add_argument(
         "--scale",
-        type=float,
+        type=float_above(0.0),
         default=1.0,
         help="multiply prompt and output lengths by this (fits a trace to a small model)",
     )
-    p.add_argument("--max-total-tokens", type=int, default=0, help="cap prompt+output (0: no cap)")
+    p.add_argument(
+        "--max-total-tokens", type=int_at_least(0), default=0, help="cap prompt+output (0: no cap)"
+    )
 
 
 def workload(args: argparse.Namespace, qps: float) -> list[SimRequest]:
@@ -37,7 +40,9 @@ def workload(args: argparse.Namespace, qps: float) -> list[SimRequest]:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="replay a workload against a running cluster (gRPC)")
     p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
-    p.add_argument("--qps", type=float, required=True, help="Poisson arrival rate, requests/s")
+    p.add_argument(
+        "--qps", type=float_above(0.0), required=True, help="Poisson arrival rate, requests/s"
+    )
     add_workload_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)

@@ -12,7 +12,14 @@ import json
 import statistics
 import time
 
-from controller.scheduler import CacheConfig, RequestParams, Scheduler, SchedulerConfig
+from controller.scheduler import (
+    CacheConfig,
+    RequestParams,
+    Scheduler,
+    SchedulerConfig,
+    policy_names,
+)
+from sarathictl.argtypes import int_at_least
 
 TARGETS_MS = {256: 0.2, 4096: 1.0}
 
@@ -94,10 +101,24 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("scheduler", help="time one scheduling step plus applying its result")
-    parser.add_argument("--policy", default="sarathi", help="scheduling policy (default sarathi)")
     parser.add_argument(
-        "--num-seqs", type=int, nargs="+", default=[64, 256, 1024, 4096], help="running sequences"
+        "--policy",
+        default="sarathi",
+        choices=policy_names(),
+        help="scheduling policy (default sarathi)",
     )
-    parser.add_argument("--steps", type=int, default=200, help="steps timed per size")
+    parser.add_argument(
+        "--num-seqs",
+        type=int_at_least(1),
+        nargs="+",
+        default=[64, 256, 1024, 4096],
+        help="running sequences",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int_at_least(2),
+        default=200,
+        help="steps timed per size (at least 2: the P90 needs two samples)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from sarathictl.argtypes import comma_list, device, int_at_least
 from stage_worker.attention import SeqSlice, make_backend
 from stage_worker.attention.base import build_metadata
 from stage_worker.checkpoint import CheckpointReader
@@ -171,6 +172,8 @@ class StageBench:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.decode_batches and not args.prefill_chunks:
+        raise ValueError("--decode-batches and --prefill-chunks are both empty: nothing to time")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     if args.small_batch_kernel:
@@ -239,41 +242,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str) -> list[int]:
-    values = [int(x) for x in text.split(",") if x]
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be >= 1")
-    return values
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stage", help="one stage's step time against tokens per step")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device(), default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
-    p.add_argument("--context-tokens", type=int, default=256, help="context of each decode")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (median)")
-    p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument(
+        "--context-tokens", type=int_at_least(0), default=256, help="context of each decode"
+    )
+    p.add_argument(
+        "--repeats", type=int_at_least(1), default=5, help="timed runs per point (median)"
+    )
+    p.add_argument(
+        "--num-threads", type=int_at_least(0), default=0, help="torch threads (0: default)"
+    )
     p.add_argument(
         "--random-shape",
         choices=sorted(SHAPES),
         help="write random weights of this shape to --model first if it holds no config.json",
     )
+    sizes = comma_list(int_at_least(1), allow_empty=True)
     p.add_argument(
         "--decode-batches",
-        type=_int_list,
-        default=list(DECODE_BATCHES),
-        help="comma-separated decode batch sizes",
+        type=sizes,
+        default=DECODE_BATCHES,
+        help="comma-separated decode batch sizes (empty: none)",
     )
     p.add_argument(
         "--prefill-chunks",
-        type=_int_list,
-        default=list(PREFILL_CHUNKS),
-        help="comma-separated prefill chunk lengths",
+        type=sizes,
+        default=PREFILL_CHUNKS,
+        help="comma-separated prefill chunk lengths (empty: none)",
     )
     p.add_argument(
-        "--copy-bytes", type=int, default=1 << 30, help="size of the bandwidth-measuring copy"
+        "--copy-bytes",
+        type=int_at_least(1),
+        default=1 << 30,
+        help="size of the bandwidth-measuring copy",
     )
     p.add_argument(
         "--small-batch-kernel",

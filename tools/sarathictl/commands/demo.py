@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from sarathi_proto import generate_pb2
 
+from sarathictl.argtypes import int_at_least
 from sarathictl.client import Client
 from sarathictl.commands.status import render
 from sarathictl.commands.up import add_cluster_flags, cluster_config
@@ -28,7 +29,7 @@ PROMPTS = (
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="start a local PP=2 cluster, stream a few answers, stop")
     add_cluster_flags(p)
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens per answer")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=96, help="tokens per answer")
     p.set_defaults(run=run)
 
 

@@ -9,6 +9,7 @@ import sys
 import grpc
 from sarathi_proto import generate_pb2
 
+from sarathictl.argtypes import float_above, float_at_least, float_in, int_in_range
 from sarathictl.client import (
     FINISH_NAMES,
     add_connection_flags,
@@ -21,15 +22,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("generate", help="stream a completion from a running cluster")
     p.add_argument("prompt", help="the prompt text")
     add_connection_flags(p)
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    # The bounds of the wire fields (generate.proto): max_tokens uint32, top_k int32, seed uint64.
+    p.add_argument(
+        "--max-tokens", type=int_in_range(1, 2**32 - 1), default=128, help="most tokens to generate"
+    )
+    p.add_argument("--temperature", type=float_at_least(0.0), default=0.0, help="0 = greedy")
+    p.add_argument(
+        "--top-p", type=float_in(0.0, 1.0, lo_open=True), default=1.0, help="nucleus mass in (0, 1]"
+    )
+    p.add_argument("--top-k", type=int_in_range(0, 2**31 - 1), default=0, help="0 disables top-k")
+    p.add_argument("--seed", type=int_in_range(0, 2**64 - 1), default=None, help="sampling seed")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--ignore-eos", action="store_true", help="generate past end-of-sequence")
-    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--timeout", type=float_above(0.0), default=None, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="one JSON object at the end")
     p.set_defaults(run=run)
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sarathictl.argtypes import int_at_least
 from sarathictl.bench.random_model import FalconShape, write_random_falcon
 from sarathictl.model_prep import DTYPE_NAMES, default_cache_dir, default_model_dir
+
+BYTE_TOKENIZER_SIZE = 257
+"""The random Falcon's tokenizer holds every byte plus its end-of-sequence token."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,13 +62,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     random.add_argument("model_dir", metavar="DIR", type=Path, help="folder to write")
     shape = FalconShape()
-    random.add_argument("--hidden-size", type=int, default=shape.hidden_size)
-    random.add_argument("--num-layers", type=int, default=shape.num_hidden_layers)
-    random.add_argument("--num-heads", type=int, default=shape.num_attention_heads)
-    random.add_argument("--num-kv-heads", type=int, default=shape.num_kv_heads)
-    random.add_argument("--vocab-size", type=int, default=shape.vocab_size)
-    random.add_argument("--max-positions", type=int, default=shape.max_position_embeddings)
-    random.add_argument("--seed", type=int, default=0)
+    positive = int_at_least(1)
+    random.add_argument("--hidden-size", type=positive, default=shape.hidden_size)
+    random.add_argument("--num-layers", type=positive, default=shape.num_hidden_layers)
+    random.add_argument("--num-heads", type=positive, default=shape.num_attention_heads)
+    random.add_argument("--num-kv-heads", type=positive, default=shape.num_kv_heads)
+    random.add_argument(
+        "--vocab-size",
+        type=int_at_least(BYTE_TOKENIZER_SIZE),
+        default=shape.vocab_size,
+        help=f"at least {BYTE_TOKENIZER_SIZE}: the byte-level tokenizer's 256 bytes and its "
+        "end-of-sequence token",
+    )
+    random.add_argument("--max-positions", type=positive, default=shape.max_position_embeddings)
+    random.add_argument("--seed", type=int_at_least(0), default=0, help="weights' random seed")
     random.set_defaults(run=run_random_falcon)
 
 

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from sarathi_proto import generate_pb2
 
+from sarathictl.argtypes import float_above
 from sarathictl.client import add_connection_flags, client_from_args, explain_rpc_error
 
 
@@ -22,7 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
-    p.add_argument("--interval", type=float, default=1.0, help="refresh period with --watch (s)")
+    p.add_argument(
+        "--interval", type=float_above(0.0), default=1.0, help="refresh period with --watch (s)"
+    )
     p.set_defaults(run=run)
 
 

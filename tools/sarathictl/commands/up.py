@@ -8,7 +8,10 @@ import signal
 import sys
 import threading
 
+from controller.scheduler import policy_names
+from sarathictl.argtypes import float_in, int_at_least, port
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from stage_worker.models import DTYPES
 
 
 def resolve_model(model: str) -> str:
@@ -22,13 +25,14 @@ def resolve_model(model: str) -> str:
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
-    p.add_argument("--policy", default="sarathi", help="batching policy")
-    p.add_argument("--budget", type=int, default=512, help="token budget per micro-batch")
-    p.add_argument("--dtype", default="float32", help="worker dtype (float32, bfloat16)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
-    p.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache per worker, MiB")
+    positive = int_at_least(1)
+    p.add_argument("--pp", type=positive, default=2, help="pipeline stages")
+    p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
+    p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
+    p.add_argument("--budget", type=positive, default=512, help="token budget per micro-batch")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="worker dtype")
+    p.add_argument("--threads", type=positive, default=1, help="torch threads per worker process")
+    p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
     p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
 
 
@@ -54,15 +58,23 @@ def cluster_config(
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="start a cluster (local mode: processes on this machine)")
     p.add_argument("--local", action="store_true", required=True, help="local mode (required)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port of the controller")
+    p.add_argument(
+        "--port",
+        type=port("any free port"),
+        default=50051,
+        help="gRPC port of the controller (0: any free port)",
+    )
     p.add_argument(
         "--http-port",
-        type=int,
+        type=port("off"),
         default=0,
         help="OpenAI-compatible HTTP API port, with Prometheus /metrics beside it (0: off)",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=0, help="Prometheus /metrics on its own port (0: off)"
+        "--metrics-port",
+        type=port("off"),
+        default=0,
+        help="Prometheus /metrics on its own port (0: off)",
     )
     add_cluster_flags(p)
     add_reliability_flags(p)
@@ -71,9 +83,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-restart", action="store_true", help="stop everything when a process exits")
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="s before a stage is down")
-    p.add_argument("--stall-timeout", type=float, default=30.0, help="s without a step: unhealthy")
-    p.add_argument("--max-queued-requests", type=int, default=1024, help="admission queue bound")
+    # The controller's own bounds (ServerConfig, AdmissionConfig), checked before it starts.
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float_in(0.5, 3600.0),
+        default=5.0,
+        help="s before a stage is down",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float_in(0.5, 86400.0),
+        default=30.0,
+        help="s without a step: unhealthy",
+    )
+    p.add_argument(
+        "--max-queued-requests",
+        type=int_at_least(1),
+        default=1024,
+        help="admission queue bound",
+    )
     p.add_argument("--while-down", default="hold", choices=["hold", "fail"], help="new requests")
     p.add_argument("--auth-token-file", default="", help="bearer tokens, one per line")
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API")
