@@ -10,12 +10,34 @@ the workload's random numbers are shared by every rate (see workloads.py), which
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 logger = logging.getLogger(__name__)
 
 MAX_MEDIAN_DELAY_S = 2.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One rate tried by a capacity search, and what it measured."""
+
+    qps: float
+    passed: bool
+    tbt_p99_s: float = math.nan
+    """P99 time between tokens at this rate (NaN when the probe did not say)."""
+    scheduling_delay_p50_s: float = math.nan
+    stopped_early: bool = False
+    """The run was cut short: its requests could no longer meet the delay bound (or failed)."""
+    index: int = 0
+    """1 for the first probe of a search, 2 for the next, ..."""
+    wall_s: float = 0.0
+    """Wall time the probe took."""
+
+
+ProbeCallback = Callable[[ProbeResult], None]
 
 
 @dataclass
@@ -29,13 +51,17 @@ class CapacityResult:
 
 
 def search_capacity(
-    passes: Callable[[float], bool],
+    passes: Callable[[float], bool | ProbeResult],
     initial_qps: float = 1.0,
     granularity: float = 0.025,
     min_qps: float = 1e-3,
     max_qps: float = 1e4,
+    on_probe: ProbeCallback | None = None,
 ) -> CapacityResult:
-    """Bisection on the arrival rate until (upper - lower) <= granularity * upper."""
+    """Bisection on the arrival rate until (upper - lower) <= granularity * upper.
+
+    `passes(qps)` runs one probe: a verdict, or a ProbeResult with what it measured. `on_probe`
+    hears of every probe as it ends (numbered, timed): the caller reports progress, not this."""
     if not 0 < granularity < 1:
         raise ValueError(f"granularity must be in (0, 1), got {granularity}")
     if not initial_qps > 0:
@@ -43,10 +69,15 @@ def search_capacity(
     probes: list[tuple[float, bool]] = []
 
     def probe(qps: float) -> bool:
-        ok = passes(qps)
-        probes.append((qps, ok))
-        logger.debug("qps %.4f: %s", qps, "pass" if ok else "fail")
-        return ok
+        started = time.perf_counter()
+        outcome = passes(qps)
+        result = outcome if isinstance(outcome, ProbeResult) else ProbeResult(qps, bool(outcome))
+        result = replace(result, index=len(probes) + 1, wall_s=time.perf_counter() - started)
+        probes.append((qps, result.passed))
+        logger.debug("qps %.4f: %s", qps, "pass" if result.passed else "fail")
+        if on_probe is not None:
+            on_probe(result)
+        return result.passed
 
     qps = initial_qps
     if probe(qps):

@@ -8,9 +8,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from controller.scheduler import policy_names
 from controller.simulator import AnalyticCostModel
-from sarathictl.bench.capacity import MAX_MEDIAN_DELAY_S, CapacityResult, search_capacity
-from sarathictl.bench.sim_args import add_setup_args, progress_bar, setup_from_args
+from sarathictl.argtypes import (
+    NumberOrName,
+    comma_list,
+    float_above,
+    float_at_least,
+    float_in,
+    int_at_least,
+    one_of,
+)
+from sarathictl.bench.capacity import (
+    MAX_MEDIAN_DELAY_S,
+    CapacityResult,
+    ProbeCallback,
+    ProbeResult,
+    search_capacity,
+)
+from sarathictl.bench.live_capacity import SLO_FACTORS
+from sarathictl.bench.progress import probe_printer, rate, say
+from sarathictl.bench.sim_args import add_setup_args, setup_from_args
 from sarathictl.bench.sim_run import PreparedSim, SimSetup, prepare
 
 
@@ -34,18 +52,26 @@ def measure_capacity(
     tbt_slo_s: float,
     initial_qps: float = 0.0,
     granularity: float = 0.025,
-    on_probe: Callable[[float, bool], None] | None = None,
+    on_probe: ProbeCallback | None = None,
+    on_start: Callable[[PreparedSim, float], None] | None = None,
 ) -> CapacityResult:
+    """on_start(sim, first rate) before the first probe; on_probe after each."""
     sim = prepare(setup)
 
-    def passes(qps: float) -> bool:
+    def passes(qps: float) -> ProbeResult:
         metrics = sim.run(qps, stop_delay_s=MAX_MEDIAN_DELAY_S)
-        ok = metrics.meets(tbt_slo_s, MAX_MEDIAN_DELAY_S)
-        if on_probe is not None:
-            on_probe(qps, ok)
-        return ok
+        return ProbeResult(
+            qps,
+            metrics.meets(tbt_slo_s, MAX_MEDIAN_DELAY_S),
+            metrics.tbt_p99_s,
+            metrics.scheduling_delay_p50_s,
+            metrics.stopped_early,
+        )
 
-    return search_capacity(passes, initial_qps or first_guess_qps(sim), granularity)
+    first_qps = initial_qps or first_guess_qps(sim)
+    if on_start is not None:
+        on_start(sim, first_qps)
+    return search_capacity(passes, first_qps, granularity, on_probe=on_probe)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,32 +82,45 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "scheduling delay within 2 s (Sarathi-Serve's definition), to --granularity.",
     )
     add_setup_args(parser)
-    parser.add_argument("--policies", default="sarathi,vllm,orca", help="comma-separated")
+    parser.add_argument(
+        "--policies",
+        type=comma_list(one_of("policy", policy_names())),
+        default=("sarathi", "vllm", "orca"),
+        help="comma-separated (default: sarathi,vllm,orca)",
+    )
     parser.add_argument(
         "--tbt-slo",
+        type=NumberOrName(float_above(0.0), tuple(SLO_FACTORS)),
         required=True,
         help="P99 TBT target in seconds; with --local also `strict` or `relaxed` (5x or 25x the "
         "measured decode step of a batch of 32, the paper's rule)",
     )
-    parser.add_argument("--granularity", type=float, default=0.025, help="relative precision")
+    parser.add_argument(
+        "--granularity",
+        type=float_in(0.0, 1.0, lo_open=True, hi_open=True),
+        default=0.025,
+        help="relative precision, in (0, 1)",
+    )
     live = parser.add_argument_group("live (--local): real processes instead of the simulator")
     live.add_argument(
         "--local",
         action="store_true",
         help="start a local cluster per policy (--model is then a model folder or `demo`)",
     )
-    live.add_argument("--scale", type=float, default=1.0, help="multiply trace lengths by this")
-    live.add_argument("--initial-qps", type=float, default=1.0, help="first rate probed")
-    live.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    live.add_argument(
+        "--scale", type=float_above(0.0), default=1.0, help="multiply trace lengths by this"
+    )
+    live.add_argument("--initial-qps", type=float_above(0.0), default=1.0, help="first rate probed")
+    live.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per worker")
     live.add_argument(
         "--max-probe-s",
-        type=float,
+        type=float_at_least(0.0),
         default=120.0,
-        help="replay only the requests arriving in this many seconds (at least 8; 0: all)",
+        help="replay only the requests arriving in this many seconds (at least 8 requests; 0: all)",
     )
     live.add_argument(
         "--saturation-qps",
-        type=float,
+        type=float_at_least(0.0),
         default=0.0,
         help="also replay at this rate (above every capacity) for each policy and report its "
         "bubble fraction and throughput (0: skip)",
@@ -94,22 +133,36 @@ def run(args: argparse.Namespace) -> int:
         from sarathictl.bench.live_capacity import run_local
 
         return run_local(args)
-    args.tbt_slo = float(args.tbt_slo)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise ValueError("--policies lists no policy")
+    if isinstance(args.tbt_slo, str):
+        raise ValueError(
+            f"--tbt-slo {args.tbt_slo} needs --local (it is a multiple of a measured decode "
+            "step); in simulation give seconds"
+        )
     results: dict[str, CapacityResult] = {}
     started = time.perf_counter()
-    with progress_bar("capacity", None, not args.json) as bar:
-        task = bar.task_ids[0]
-        for policy in policies:
+    for policy in args.policies:
+        policy_started = time.perf_counter()
 
-            def show(qps: float, ok: bool, policy: str = policy) -> None:
-                verdict = "pass" if ok else "fail"
-                bar.update(task, advance=1, description=f"{policy} {qps:.3f} qps {verdict}")
+        def start(sim: PreparedSim, first_qps: float, policy: str = policy) -> None:
+            say(
+                f"[{policy}] searching for the capacity from {rate(first_qps)}, "
+                f"{len(sim.unit_requests)} requests per probe, P99 TBT <= {args.tbt_slo:g} s"
+            )
 
-            setup = setup_from_args(args, policy)
-            results[policy] = measure_capacity(setup, args.tbt_slo, 0.0, args.granularity, show)
+        setup = setup_from_args(args, policy)
+        result = measure_capacity(
+            setup,
+            args.tbt_slo,
+            0.0,
+            args.granularity,
+            on_probe=probe_printer(policy, args.tbt_slo),
+            on_start=start,
+        )
+        say(
+            f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
+            f"({time.perf_counter() - policy_started:.1f} s)"
+        )
+        results[policy] = result
     wall_s = time.perf_counter() - started
     reference = results.get("vllm")
     rows: list[dict[str, Any]] = []

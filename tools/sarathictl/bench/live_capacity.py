@@ -10,20 +10,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from controller.executor.simulated import SimRequest
-from sarathictl.bench.capacity import CapacityResult, search_capacity
+from sarathictl.bench.capacity import CapacityResult, ProbeCallback, ProbeResult, search_capacity
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.metrics import ServingMetrics
+from sarathictl.bench.progress import probe_printer, rate, say
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,35 +57,36 @@ def measure_policy(
     initial_qps: float,
     granularity: float,
     saturation_qps: float = 0.0,
+    on_probe: ProbeCallback | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> PolicyCapacity:
+    """on_ready() once the policy's cluster serves; on_probe after each probe."""
     config = replace(base, policy=policy, budget_tokens=budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
     with LocalCluster(config) as cluster:
+        if on_ready is not None:
+            on_ready()
 
-        def passes(qps: float) -> bool:
+        def passes(qps: float) -> ProbeResult:
             run = asyncio.run(replay(cluster.addr, make_requests(qps)))
             metrics = run.metrics()
             ok = metrics.meets(tbt_slo_s)
-            log.info(
-                "%s at %.3f req/s: P99 TBT %.3f s, median delay %.3f s -> %s",
-                policy, qps, metrics.tbt_p99_s, metrics.scheduling_delay_p50_s,
-                "pass" if ok else "fail",
-            )  # fmt: skip
             if ok:
                 best[qps] = (metrics, run.controller_share_of_step)
-            return ok
+            return ProbeResult(
+                qps, ok, metrics.tbt_p99_s, metrics.scheduling_delay_p50_s, metrics.stopped_early
+            )
 
         result: CapacityResult = search_capacity(
-            passes, initial_qps, granularity, min_qps=initial_qps * MIN_QPS_FRACTION
+            passes,
+            initial_qps,
+            granularity,
+            min_qps=initial_qps * MIN_QPS_FRACTION,
+            on_probe=on_probe,
         )
         saturated = None
         if saturation_qps > 0:
             saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
-            log.info(
-                "%s saturated at %.3f req/s: bubbles %.1f%%, %.1f tokens/s",
-                policy, saturation_qps, 100 * saturated.bubble_fraction,
-                saturated.throughput_tokens_s,
-            )  # fmt: skip
     at_capacity, share = best.get(result.capacity_qps, (None, None))
     return PolicyCapacity(
         policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share, saturated
@@ -113,7 +112,8 @@ def run_local(args: argparse.Namespace) -> int:
     """`sarathictl bench capacity --local ...`: capacity of each policy on real processes."""
     from sarathictl.commands.up import resolve_model
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies: tuple[str, ...] = args.policies
+    say(f"[live] model {args.model}: PP={args.pp} TP={args.tp}, policies {', '.join(policies)}")
     base = LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=args.pp,
@@ -131,9 +131,14 @@ def run_local(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     decode_s = None
     if args.tbt_slo in SLO_FACTORS:
+        say("[live] starting a cluster to measure the decode step of a batch of 32")
         with LocalCluster(replace(base, budget_tokens=args.budget)) as cluster:
             decode_s = decode_step_s(cluster)
         tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
+        say(
+            f"[live] decode step {decode_s:.3g} s: {args.tbt_slo} SLO is P99 TBT <= "
+            f"{tbt_slo_s:.3g} s ({SLO_FACTORS[args.tbt_slo]:g}x)"
+        )
     else:
         tbt_slo_s = float(args.tbt_slo)
     longest = max(
@@ -144,18 +149,38 @@ def run_local(args: argparse.Namespace) -> int:
     for policy in policies:
         # Whole-prompt baselines batch prompts up to the longest request, as vLLM does.
         budget = args.budget if policy in ("sarathi", "chunked_only") else -(-longest // 32) * 32
-        results.append(
-            measure_policy(
-                base,
-                policy,
-                budget,
-                requests_at,
-                tbt_slo_s,
-                args.initial_qps,
-                args.granularity,
-                args.saturation_qps,
+        say(f"[{policy}] starting a local cluster (budget {budget} tokens)")
+        policy_started = time.perf_counter()
+
+        def ready(policy: str = policy, since: float = policy_started) -> None:
+            say(
+                f"[{policy}] serving after {time.perf_counter() - since:.1f} s; "
+                f"searching from {rate(args.initial_qps)}, P99 TBT <= {tbt_slo_s:.3g} s"
             )
+
+        result = measure_policy(
+            base,
+            policy,
+            budget,
+            requests_at,
+            tbt_slo_s,
+            args.initial_qps,
+            args.granularity,
+            args.saturation_qps,
+            on_probe=probe_printer(policy, tbt_slo_s),
+            on_ready=ready,
         )
+        say(
+            f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
+            f"({time.perf_counter() - policy_started:.0f} s)"
+        )
+        if result.saturated is not None:
+            s = result.saturated
+            say(
+                f"[{policy}] saturated at {rate(args.saturation_qps)}: bubbles "
+                f"{s.bubble_fraction:.0%}, {s.throughput_tokens_s:.0f} tokens/s"
+            )
+        results.append(result)
     reference = next((r for r in results if r.policy == "vllm"), None)
     rows = []
     for r in results:

