@@ -26,3 +26,11 @@ def test_a_serving_cluster_shows_no_problem_line() -> None:
     status = generate_pb2.StatusResponse(model="m", serving=True)
     status.stages.add(stage=0, host="h", up=True)
     assert "NOT SERVING" not in rendered(status) and "DOWN" not in rendered(status)
+
+
+def test_each_stage_shows_utilization_bubble_and_idle() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.stages.add(stage=0, up=True, utilization_pct=61.0, bubble_pct=27.5, idle_pct=11.5)
+    text = rendered(status)
+    assert "bubble %" in text and "idle %" in text
+    assert "61.0" in text and "27.5" in text and "11.5" in text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -224,3 +225,27 @@ class Device:
 
 def device() -> Device:
     return Device()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload's name, or the path of a CSV trace that exists."""
+
+    names: tuple[str, ...]
+
+    @property
+    def allowed(self) -> str:
+        return f"one of {', '.join(self.names)}, or the path of a CSV trace"
+
+    def __call__(self, text: str) -> str:
+        if text in self.names or os.path.isfile(text):
+            return text
+        raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text!r}")
+
+    @property
+    def bad_values(self) -> tuple[str, ...]:
+        return ("no-such-workload",)
+
+
+def workload(names: Iterable[str]) -> Workload:
+    return Workload(tuple(names))

@@ -23,7 +23,7 @@ from sarathictl.bench.capacity_cmd import first_guess_qps, measure_capacity
 from sarathictl.bench.paper_report import hardware_summary, write_section
 from sarathictl.bench.progress import rate, say
 from sarathictl.bench.sim_run import SimSetup, prepare
-from sarathictl.bench.workloads import WorkloadSpec
+from sarathictl.bench.workloads import WorkloadSpec, workload_flag
 
 POLICIES = ("sarathi", "vllm", "orca")
 # The paper's Table 3 (seconds): strict, relaxed P99 TBT.
@@ -232,7 +232,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument(
         "--workloads",
-        type=comma_list(str),
+        type=comma_list(workload_flag()),
         default=WORKLOADS,
         help=f"comma-separated (default: {','.join(WORKLOADS)})",
     )

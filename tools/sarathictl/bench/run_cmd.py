@@ -9,13 +9,14 @@ import json
 from controller.executor.simulated import SimRequest
 from sarathictl.argtypes import float_above, int_at_least
 from sarathictl.bench.live_load import replay, scale_requests
-from sarathictl.bench.workloads import WorkloadSpec, make_requests
+from sarathictl.bench.workloads import WorkloadSpec, make_requests, workload_flag
 from sarathictl.client import DEFAULT_ADDR
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace",
+        type=workload_flag(),
         default="splitwise",
         help="arxiv, splitwise (shipped traces), a CSV path, or lognormal/zipf/uniform/fixed",
     )

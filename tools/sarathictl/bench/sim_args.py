@@ -8,7 +8,13 @@ from controller.simulator import GPUS, LINKS, MODELS
 from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
 from sarathictl.argtypes import float_above, int_at_least, one_of
 from sarathictl.bench.sim_run import SimSetup
-from sarathictl.bench.workloads import PAPER_DATASETS, SYNTHETIC, TRACE_FILES, WorkloadSpec
+from sarathictl.bench.workloads import (
+    PAPER_DATASETS,
+    SYNTHETIC,
+    TRACE_FILES,
+    WorkloadSpec,
+    workload_flag,
+)
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +57,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     )
     k = parser.add_argument_group("workload")
     sources = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
-    k.add_argument("--trace", default=w.source, help=f"{sources}, or a CSV path")
+    k.add_argument(
+        "--trace", type=workload_flag(), default=w.source, help=f"{sources}, or a CSV path"
+    )
     k.add_argument("--num-requests", type=positive, default=w.num_requests)
     k.add_argument("--seed", type=int_at_least(0), default=w.seed)
     k.add_argument(

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from controller.executor.simulated import SimRequest
+from sarathictl.argtypes import Workload, workload
 
 # Shipped inside the package (package data), with their sources and licenses (traces/README.md).
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
@@ -88,6 +89,11 @@ def read_trace(path: Path) -> list[tuple[int, int]]:
 def known_workloads() -> list[str]:
     """Every workload name `WorkloadSpec.source` takes besides a CSV path."""
     return [*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC]
+
+
+def workload_flag() -> Workload:
+    """The `type=` of a --trace flag: a known name (or alias), or a CSV file that exists."""
+    return workload([*known_workloads(), *TRACE_ALIASES])
 
 
 def trace_path(source: str) -> Path:

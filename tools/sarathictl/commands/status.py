@@ -19,7 +19,13 @@ from sarathictl.client import add_connection_flags, client_from_args, explain_rp
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("status", help="show each stage's utilization and the scheduler's state")
+    p = sub.add_parser(
+        "status",
+        help="show each stage's utilization and the scheduler's state",
+        description="Per stage, three shares of its wall time over the last 30 s, adding up to "
+        "100%: util = the stage computing; bubble = the stage waiting while the pipeline has "
+        "work (requests waiting or running); idle = no work in the system at all.",
+    )
     add_connection_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
@@ -31,7 +37,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def render(status: generate_pb2.StatusResponse) -> Group:
     stages = Table(title=f"{status.model}: pipeline stages", title_justify="left")
-    for column in ("stage", "host", "TP ranks", "util %", "bubble %", "step P50 ms", "in flight"):
+    columns = (
+        "stage",
+        "host",
+        "TP",
+        "util %",
+        "bubble %",
+        "idle %",
+        "step ms",
+        "in flight",
+    )
+    for column in columns:
         stages.add_column(column, justify="right" if column not in ("host",) else "left")
     for s in status.stages:
         stages.add_row(
@@ -41,6 +57,7 @@ def render(status: generate_pb2.StatusResponse) -> Group:
             ",".join(str(r) for r in s.tp_ranks) or "-",
             f"{s.utilization_pct:.1f}",
             f"{s.bubble_pct:.1f}",
+            f"{s.idle_pct:.1f}",
             f"{s.step_time_p50_s * 1e3:.1f}",
             str(s.micro_batches_in_flight),
         )
