@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from sarathi_proto import generate_pb2
@@ -23,6 +24,9 @@ PROMPTS = (
     "What is the capital of France?",
     "Write a haiku about pipelines.",
     "Explain in two sentences why chunked prefills keep decodes fast.",
+    "List three uses of a hash map.",
+    "Summarize the plot of Romeo and Juliet in one paragraph.",
+    "What does a compiler do?",
 )
 
 
@@ -48,26 +52,63 @@ def run(args: argparse.Namespace) -> int:
     with LocalCluster(config) as cluster:
         console.print(f"serving on {cluster.addr} after {time.monotonic() - started:.1f} s\n")
         with Client(cluster.addr) as client:
-            for prompt in PROMPTS:
-                console.print(f"[bold]user>[/bold] {prompt}")
-                sys.stdout.write("assistant> ")
-                request = generate_pb2.GenerateRequest(
-                    prompt=prompt, max_tokens=args.max_tokens, apply_chat_template=True
-                )
-                last = None
-                for response in client.generate(request, timeout_s=300):
-                    sys.stdout.write(response.text)
-                    sys.stdout.flush()
-                    last = response
-                assert last is not None
-                console.print(
-                    f"\n[dim]({last.num_output_tokens} tokens, TTFT {last.ttft_s * 1e3:.0f} ms, "
-                    f"mean TBT {last.mean_tbt_s * 1e3:.1f} ms)[/dim]\n"
-                )
+            console.print(
+                f"sending {len(PROMPTS)} prompts at once: they share every micro-batch (new "
+                "prompts' chunks beside the others' decodes); the first streams here, the others "
+                "print after it\n"
+            )
+            with ThreadPoolExecutor(len(PROMPTS) - 1) as pool:
+                others = [pool.submit(collect, client, p, args.max_tokens) for p in PROMPTS[1:]]
+                stream_one(console, client, PROMPTS[0], args.max_tokens)
+                for prompt, future in zip(PROMPTS[1:], others, strict=True):
+                    show_answer(console, prompt, future)
             openai_answer(console, cluster.http_base_url, args.max_tokens)
             console.print(render(client.status()))
     console.print("cluster stopped; every process has exited")
     return 0
+
+
+def _request(prompt: str, max_tokens: int) -> generate_pb2.GenerateRequest:
+    return generate_pb2.GenerateRequest(
+        prompt=prompt, max_tokens=max_tokens, apply_chat_template=True
+    )
+
+
+def _stats(last: generate_pb2.GenerateResponse) -> str:
+    return (
+        f"[dim]({last.num_output_tokens} tokens, TTFT {last.ttft_s * 1e3:.0f} ms, "
+        f"mean TBT {last.mean_tbt_s * 1e3:.1f} ms)[/dim]\n"
+    )
+
+
+def stream_one(console: Console, client: Client, prompt: str, max_tokens: int) -> None:
+    """One answer token by token, as a chat client shows it."""
+    console.print(f"[bold]user>[/bold] {prompt}")
+    sys.stdout.write("assistant> ")
+    last = None
+    for response in client.generate(_request(prompt, max_tokens), timeout_s=300):
+        sys.stdout.write(response.text)
+        sys.stdout.flush()
+        last = response
+    assert last is not None
+    console.print("\n" + _stats(last))
+
+
+def collect(
+    client: Client, prompt: str, max_tokens: int
+) -> tuple[str, generate_pb2.GenerateResponse]:
+    """One whole answer, with its last message (the request's TTFT and mean TBT)."""
+    responses = list(client.generate(_request(prompt, max_tokens), timeout_s=300))
+    return "".join(r.text for r in responses), responses[-1]
+
+
+def show_answer(
+    console: Console, prompt: str, answer: Future[tuple[str, generate_pb2.GenerateResponse]]
+) -> None:
+    text, last = answer.result()
+    console.print(f"[bold]user>[/bold] {prompt}")
+    console.print(f"assistant> {text}", markup=False, highlight=False)
+    console.print(_stats(last))
 
 
 def openai_answer(console: Console, base_url: str, max_tokens: int) -> None:
