@@ -37,6 +37,8 @@ class BatchBuilder:
         self._decodes_added = False
         self.num_tokens = 0
         self.budget_tokens = scheduler.config.budget_tokens
+        self.num_decodes = 0
+        """Decodes add_decodes put in (as a block or as chunks)."""
 
     @property
     def budget_left(self) -> int:
@@ -47,10 +49,18 @@ class BatchBuilder:
         return len(self._sched.running)
 
     def add_decodes(self, capped: bool) -> int:
-        """Adds one token for every running sequence whose next work is a decode and whose last
-        token is back, in admission order; capped: stop at the token budget. Preempts (latest
-        arrival first) when a decode needs a new KV block and none is free. Returns the number
-        added.
+        """Adds one token for sequences whose next work is a decode and whose last token is back,
+        in admission order; capped: stop at the token budget. Preempts (latest arrival first)
+        when a decode needs a new KV block and none is free. Returns the number added.
+
+        With one micro-batch in flight at a time (PP = 1) every ready decode goes. With PP > 1
+        the decoding sequences are spread over the PP micro-batches in flight (see
+        `_spread_quota`): a micro-batch takes at most about 1/PP of them, so that decodes do not
+        travel bunched in one micro-batch while the other pipeline slots carry nothing. Which
+        ready decodes go first: those passed over by more earlier micro-batches (a decode
+        passed over PP - 1 times goes whatever the quota), then admission order. The bound this
+        gives: a ready decode goes into one of the next PP micro-batches that add decodes (it is
+        passed over at most PP - 1 times), unless a KV block for it cannot be had.
 
         This runs for every decoding sequence on every step. Many decodes go as one vector
         block over the decode roster's columns (a few numpy operations, whatever their number);
@@ -59,14 +69,22 @@ class BatchBuilder:
         line)."""
         assert not self._decodes_added, "add_decodes called twice for one micro-batch"
         self._decodes_added = True
+        added = self._add_decodes(capped)
+        self.num_decodes = added
+        return added
+
+    def _add_decodes(self, capped: bool) -> int:
         sched = self._sched
         roster = sched.roster
         if not roster.size:
             return 0
         order = roster.order()
+        spread = sched.spread_decodes
         if roster.size < sched.vector_decodes_from:
             limit = self.budget_tokens - self.num_tokens if capped else roster.size
-            return self._add_decodes_as_chunks(order, limit)
+            if spread:
+                return self._add_spread_decodes_as_chunks(order, limit)
+            return self._walk_decodes(roster.seqs[order].tolist(), limit)
         computed = roster.computed[order]
         ready = computed < roster.num_tokens[order]  # else its last token is still in flight
         if not sched.config.pipeline_prefill_chunks:
@@ -79,16 +97,41 @@ class BatchBuilder:
             picked = ready.nonzero()[0]
             slots, positions = order[picked], computed[picked]
         limit = self.budget_tokens - self.num_tokens if capped else len(slots)
-        if limit < len(slots):
+        ready_slots = slots
+        chosen: npt.NDArray[np.bool_] | None = None  # set when passes change
+        if spread:
+            num_ready = len(slots)
+            quota = self._spread_quota()
+            if num_ready > min(quota, limit) or roster.num_passed:
+                passes = roster.passes[slots]
+                forced = int(np.count_nonzero(passes >= sched.config.pipeline_depth - 1))
+                take = max(min(max(quota, forced), limit), 0)
+                chosen = np.zeros(num_ready, np.bool_)
+                # Most passed over first, then admission order (a stable sort keeps it).
+                chosen[np.argsort(-passes, kind="stable")[:take]] = True
+                if take < num_ready:
+                    slots, positions = slots[chosen], positions[chosen]
+        elif limit < len(slots):
             limit = max(limit, 0)
             slots, positions = slots[:limit], positions[:limit]
         if not len(slots):
+            if chosen is not None:
+                self._settle_passes(roster.seqs[ready_slots].tolist())
             return 0
         crossing = (positions >= roster.kv_capacity[slots]).nonzero()[0]
         bm = sched.block_manager
         if len(crossing) > bm.num_free:
             # Some decode would preempt: the exact one-by-one walk decides who.
-            return self._add_decodes_as_chunks(order, limit)
+            if not spread:
+                return self._walk_decodes(roster.seqs[order].tolist(), limit)
+            ready_seqs = roster.seqs[ready_slots].tolist()  # before preemption empties slots
+            added = self._walk_decodes(roster.seqs[slots].tolist(), len(slots))
+            self._settle_passes(ready_seqs)
+            return added
+        if chosen is not None:
+            # Every chosen decode goes (no block is short): passes settle with vector operations.
+            roster.passes[ready_slots] = np.where(chosen, 0, roster.passes[ready_slots] + 1)
+            roster.num_passed = len(ready_slots) - len(slots)
         new_block_ids: list[int] = []
         if len(crossing):
             new_block_ids = bm.allocate(len(crossing))
@@ -110,10 +153,73 @@ class BatchBuilder:
         self.num_tokens += len(slots)
         return len(slots)
 
-    def _add_decodes_as_chunks(self, order: npt.NDArray[np.int64], limit: int) -> int:
+    def _spread_quota(self) -> int:
+        """With PP > 1: how many decodes this micro-batch takes at most (decodes passed over
+        PP - 1 times go beyond it). D decoding sequences (ready or in flight) over PP micro-batches
+        are q = D // PP each and one more for r = D % PP of them: this one takes q + 1 while
+        fewer than r of the micro-batches in flight carry more than q decodes, else q; at least
+        1, so a free pipeline slot never stays empty while a decode is ready."""
+        sched = self._sched
+        quota, extra = divmod(sched.roster.size, sched.config.pipeline_depth)
+        if extra and sum(1 for n in sched.inflight_decodes.values() if n > quota) < extra:
+            quota += 1
+        return quota or 1
+
+    def _add_spread_decodes_as_chunks(self, order: npt.NDArray[np.int64], limit: int) -> int:
+        """add_decodes with PP > 1 for a few decodes: the same choice as the vector path, in
+        Python."""
+        sched = self._sched
+        roster = sched.roster
+        computed, num_tokens = roster.py_computed, roster.py_num_tokens
+        inflight, passes = roster.py_inflight, roster.py_passes
+        wait_for_batch = not sched.config.pipeline_prefill_chunks
+        ready = [
+            seq
+            for seq in roster.seqs[order].tolist()
+            if num_tokens[seq._slot] - computed[seq._slot] == 1
+            and not (wait_for_batch and inflight[seq._slot])
+        ]
+        num_ready = len(ready)
+        quota = self._spread_quota()
+        if num_ready <= min(quota, limit) and not roster.num_passed:
+            added = self._walk_decodes(ready, limit)
+            if added < num_ready:
+                self._settle_passes(ready)  # some could not have a KV block
+            return added
+        counts = [passes[seq._slot] for seq in ready]
+        forced = sum(1 for n in counts if n >= sched.config.pipeline_depth - 1)
+        take = max(min(max(quota, forced), limit), 0)
+        if take < num_ready:
+            # Most passed over first, then admission order (sorted is stable).
+            first = sorted(range(num_ready), key=lambda i: -counts[i])[:take]
+            chosen = [ready[i] for i in sorted(first)]
+        else:
+            chosen = ready
+        added = self._walk_decodes(chosen, len(chosen))
+        self._settle_passes(ready)
+        return added
+
+    def _settle_passes(self, ready: list[Sequence]) -> None:
+        """After a micro-batch took its decodes: each decode that was ready and did not go is
+        passed over once more; those that went start again from 0."""
+        roster = self._sched.roster
+        computed, num_tokens, passes = roster.py_computed, roster.py_num_tokens, roster.py_passes
+        num_passed = 0
+        for seq in ready:
+            if seq._roster is None:
+                continue  # preempted meanwhile
+            slot = seq._slot
+            if computed[slot] < num_tokens[slot]:
+                passes[slot] += 1
+                num_passed += 1
+            elif passes[slot]:
+                passes[slot] = 0
+        roster.num_passed = num_passed
+
+    def _walk_decodes(self, seqs: list[Sequence], limit: int) -> int:
         """add_decodes one sequence at a time, each decode a chunk of its own: for a few
         decodes, and when KV blocks may run out (each decode grows, and so perhaps preempts,
-        before the next one is looked at)."""
+        before the next one is looked at). seqs: candidates in admission order."""
         sched = self._sched
         roster = sched.roster
         wait_for_batch = not sched.config.pipeline_prefill_chunks
@@ -122,7 +228,7 @@ class BatchBuilder:
         inflight, kv_capacity = roster.py_inflight, roster.py_kv_capacity
         append = self.chunks.append
         added = 0
-        for seq in roster.seqs[order].tolist():
+        for seq in seqs:
             if seq._roster is None:
                 continue  # preempted by an earlier decode of this loop
             slot = seq._slot

@@ -55,7 +55,8 @@ class SchedulerConfig:
     max_model_len: int = 4096
     """Most tokens (prompt plus output) one sequence may reach."""
     pipeline_depth: int = 1
-    """Micro-batches in flight at most: the number of pipeline stages (PP)."""
+    """Micro-batches in flight at most: the number of pipeline stages (PP). With PP > 1 the
+    decoding sequences are spread over the micro-batches in flight (BatchBuilder.add_decodes)."""
     pipeline_prefill_chunks: bool = True
     """Let a prompt's next chunk follow its previous chunk in the very next micro-batch, before
     that chunk has left the pipeline (stages run micro-batches in order). Off: wait for it."""

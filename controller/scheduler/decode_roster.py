@@ -32,6 +32,7 @@ _COUNTERS = (
     ("inflight", "q", np.int64),  # num_inflight_batches
     ("kv_capacity", "q", np.int64),  # tokens the KV blocks hold: len(block_ids) * block_size
     ("last_token_time", "d", np.float64),
+    ("passes", "q", np.int64),  # micro-batches that passed over its ready decode (PP > 1)
 )
 
 
@@ -47,6 +48,8 @@ class DecodeRoster:
         self.admit_no: IntArray = np.zeros(capacity, np.int64)
         """Admission counter: the roster's order is the scheduler's `running` order."""
         self.num_leaves = 0
+        self.num_passed = 0
+        """Members whose `passes` is not 0 (each is ready: a decode that went clears it)."""
         """Sequences that ever left: while it is unchanged, every slot holds the same sequence."""
         self.id_objs: npt.NDArray[np.object_] = np.empty(capacity, object)
         """seq_ids as Python ints, to hand out lists of them without creating ints."""
@@ -84,6 +87,8 @@ class DecodeRoster:
     py_kv_capacity: array[int]
     last_token_time: npt.NDArray[np.float64]
     py_last_token_time: array[float]
+    passes: IntArray
+    py_passes: array[int]
 
     # ---- membership -----------------------------------------------------------------------
     def join(self, seq: Sequence, admit_no: int) -> None:
@@ -101,6 +106,7 @@ class DecodeRoster:
         self.admit_no[slot] = admit_no
         last = seq._last_token_time
         self.py_last_token_time[slot] = 0.0 if last is None else last
+        self.py_passes[slot] = 0
         self.id_objs[slot] = seq.seq_id
         self.seqs[slot] = seq
         self.outputs[slot] = seq.output_token_ids
@@ -120,6 +126,9 @@ class DecodeRoster:
         seq._num_computed_tokens = self.py_computed[slot]
         seq._num_inflight_batches = self.py_inflight[slot]
         seq._last_token_time = self.py_last_token_time[slot]
+        if self.py_passes[slot]:
+            self.py_passes[slot] = 0
+            self.num_passed -= 1
         seq._roster = None
         seq._slot = -1
         self.seq_ids[slot] = -1
@@ -192,6 +201,9 @@ class DecodeRoster:
             assert self.block_lists[slot] is seq.block_ids, seq
             assert self.kv_capacity[slot] == len(seq.block_ids) * self.block_size, seq
             assert self.max_num_tokens[slot] == len(seq.prompt_token_ids) + seq.max_tokens, seq
+            passes = self.passes[slot]
+            assert passes >= 0 and (not passes or self.computed[slot] < seq.num_tokens), seq
+        assert self.num_passed == np.count_nonzero(self.passes[slots])
         assert set(self._stop_counts) == {
             t for slot in slots.tolist() for t in self.seqs[slot].stop_token_ids
         }

@@ -34,11 +34,16 @@ class Scheduler:
         config: SchedulerConfig,
         cache: CacheConfig,
         vector_decodes_from: int = VECTOR_DECODES_FROM,
+        spread_decodes: bool = True,
     ) -> None:
         """vector_decodes_from: a speed knob only, the micro-batches are the same either way
-        (tests set it to exercise both paths)."""
+        (tests set it to exercise both paths). spread_decodes: with PP > 1, spread the decoding
+        sequences over the micro-batches in flight (BatchBuilder.add_decodes); off, every ready
+        decode goes into the next micro-batch, as before (a reference for tests and
+        measurements; with PP = 1 the two are the same)."""
         self.config = config
         self.vector_decodes_from = vector_decodes_from
+        self.spread_decodes = spread_decodes and config.pipeline_depth > 1
         self.cache = cache
         self.policy = make_policy(config.policy)
         self.block_manager = BlockManager(
@@ -54,6 +59,8 @@ class Scheduler:
         self._next_admit_no = 0
         self._live: dict[int, Sequence] = {}
         self._inflight: dict[int, MicroBatch] = {}
+        self.inflight_decodes: dict[int, int] = {}
+        """Decodes in each micro-batch in flight, by batch id (kept when spread_decodes)."""
         self._finished_since_last_batch: list[int] = []
         self._next_batch_id = 1
         self.num_preemptions = 0
@@ -121,6 +128,8 @@ class Scheduler:
         self._finished_since_last_batch = []
         self._next_batch_id += 1
         self._inflight[batch.batch_id] = batch
+        if self.spread_decodes:
+            self.inflight_decodes[batch.batch_id] = builder.num_decodes
         return batch
 
     def on_result(self, batch_id: int, sampled: Mapping[int, int], now: float) -> list[Sequence]:
@@ -130,6 +139,8 @@ class Scheduler:
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise ValueError(f"micro-batch {batch_id} is not in flight")
+        if self.spread_decodes:
+            del self.inflight_decodes[batch_id]
         updated: list[Sequence] = []
         chunks = batch.other_chunks
         block = batch.decodes
@@ -269,6 +280,7 @@ class Scheduler:
         its prompt plus the tokens it already produced (nothing sampled is lost or repeated).
         Returns the sequences sent back, oldest arrival first."""
         self._inflight.clear()
+        self.inflight_decodes.clear()
         self._finished_since_last_batch = []
         requeued = sorted(self.running.values(), key=lambda s: (s.arrival_time, s.seq_id))
         for seq in reversed(requeued):  # appendleft: the oldest ends up first in the queue
@@ -404,4 +416,8 @@ class Scheduler:
         for seq in self.not_decoding.values():
             assert seq.num_uncomputed_tokens != 1 or not seq.output_token_ids, f"{seq} decodes"
         assert len(self._inflight) <= self.config.pipeline_depth
+        if self.spread_decodes:
+            assert self.inflight_decodes.keys() == self._inflight.keys()
+        else:
+            assert not self.inflight_decodes and not self.roster.num_passed
         self.block_manager.check_invariants(s.block_ids for s in self.running.values())

@@ -1,4 +1,8 @@
-"""The schedulers the paper compares Sarathi-Serve with (section 2.4 and the Table 4 ablation)."""
+"""The schedulers the paper compares Sarathi-Serve with (section 2.4 and the Table 4 ablation).
+
+Where a policy adds "the running decodes", with PP > 1 that is the micro-batch's share of them:
+BatchBuilder.add_decodes spreads decodes over the micro-batches in flight for every policy alike
+(a pipeline matter, so the comparisons stay fair)."""
 
 from __future__ import annotations
 

@@ -27,10 +27,12 @@ def create_scheduler(
     block_size: int = 16,
     watermark: float = 0.0,
     vector_decodes_from: int = VECTOR_DECODES_FROM,
+    spread_decodes: bool = True,
     **overrides: object,
 ) -> Scheduler:
     """vector_decodes_from=1: every decode goes in the micro-batch's vector block; a huge value:
-    every decode goes as a chunk of its own."""
+    every decode goes as a chunk of its own. spread_decodes=False: every ready decode goes into
+    the next micro-batch, whatever PP (the scheduler before decodes were spread)."""
     config = SchedulerConfig(
         policy=policy,
         budget_tokens=budget_tokens,
@@ -44,6 +46,7 @@ def create_scheduler(
         config,
         CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
         vector_decodes_from,
+        spread_decodes,
     )
 
 

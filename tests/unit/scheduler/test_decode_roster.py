@@ -249,10 +249,11 @@ def test_a_recompute_chunk_that_stops_one_token_short_joins_the_roster(
     sched.check_invariants()
 
 
+@pytest.mark.parametrize("spread_decodes", [False, True])
 @pytest.mark.parametrize("capped", [True, False])
 @pytest.mark.parametrize("pipeline_prefill_chunks", [True, False])
 def test_a_vector_block_holds_the_decodes_a_chunk_each_would(
-    capped: bool, pipeline_prefill_chunks: bool
+    capped: bool, pipeline_prefill_chunks: bool, spread_decodes: bool
 ) -> None:
     """The vector path, and the walk it falls back to under memory pressure (and takes for a
     few decodes), pick the same decodes, positions and new blocks."""
@@ -265,6 +266,7 @@ def test_a_vector_block_holds_the_decodes_a_chunk_each_would(
             pipeline_depth=2,
             pipeline_prefill_chunks=pipeline_prefill_chunks,
             vector_decodes_from=1 if vector else 1 << 30,
+            spread_decodes=spread_decodes,
         )
         for i in range(12):
             add_request(sched, i, prompt_len=2 + i % 5, max_tokens=30)
@@ -276,7 +278,9 @@ def test_a_vector_block_holds_the_decodes_a_chunk_each_would(
         builder.num_tokens = 12  # 4 decodes fit when capped; 7 are ready
         added = builder.add_decodes(capped)
         assert (builder.decodes is not None) == vector
-        assert added == (4 if capped else 7) == builder.num_tokens - 12
+        # Spread over PP = 2, a micro-batch takes 6 of the 12 decoding sequences' decodes.
+        expected = min(4 if capped else 7, 6 if spread_decodes else 12)
+        assert added == expected == builder.num_tokens - 12
         batch = MicroBatch(0, builder.chunks, [], builder.num_tokens, builder.decodes)
         state = [
             (s.seq_id, s.num_computed_tokens, s.num_inflight_batches, *s.block_ids)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from controller.scheduler import MicroBatch
 from tests.unit.scheduler.factories import FakePipeline, add_request, chunk_map, create_scheduler
 
 
@@ -83,3 +86,59 @@ def test_first_chunk_carries_sampling_params_and_later_ones_do_not() -> None:
     first, second = FakePipeline(sched).fill()
     assert first.chunks[0].sampling is not None and second.chunks[0].sampling is None
     assert first.chunks[0].new_block_ids == (0, 1) and second.chunks[0].new_block_ids == ()
+
+
+def _decodes(batch: MicroBatch, seq_ids: range) -> set[int]:
+    return {c.seq_id for c in batch.chunks if c.seq_id in seq_ids and c.num_tokens == 1}
+
+
+@pytest.mark.parametrize("spread_decodes", [True, False])
+def test_decodes_that_finish_their_prompts_together_split_over_the_pipeline(
+    spread_decodes: bool,
+) -> None:
+    """PP = 2: 64 prompts finish in one micro-batch while a long prompt's chunks fill the other
+    slot. Spread, their decodes go 32 and 32 from the first round on; not spread (the scheduler
+    before), all 64 travel in one micro-batch of every two, for as long as they decode."""
+    short = range(64)
+    sched = create_scheduler(
+        budget_tokens=256, max_num_seqs=65, pipeline_depth=2, spread_decodes=spread_decodes
+    )
+    for seq_id in short:
+        add_request(sched, seq_id, prompt_len=4, max_tokens=12)
+    add_request(sched, 100, prompt_len=4000, max_tokens=1)
+    pipe = FakePipeline(sched)
+    first, second = pipe.fill()
+    assert set(chunk_map(first)) == set(short) and set(chunk_map(second)) == {100}
+    lanes = []
+    for _ in range(8):  # four rounds of two micro-batches
+        pipe.complete_oldest()
+        (batch,) = pipe.fill()
+        assert batch.num_tokens == 256  # the long prompt fills what the decodes leave
+        lanes.append(_decodes(batch, short))
+    if not spread_decodes:
+        assert [len(lane) for lane in lanes] == [64, 0] * 4
+        return
+    assert [len(lane) for lane in lanes] == [32] * 8
+    assert lanes[0] | lanes[1] == set(short)
+    assert lanes[0::2] == [lanes[0]] * 4 and lanes[1::2] == [lanes[1]] * 4  # lanes stay put
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
+    """With nothing but decodes (PP in 2..4), 64 decoding sequences that finished their prompts
+    together fill all PP slots within the first round, 64 / PP each (within 1), and every one
+    of them decodes once per round of PP micro-batches after that."""
+    short = range(64)
+    sched = create_scheduler(budget_tokens=256, max_num_seqs=64, pipeline_depth=pp)
+    for seq_id in short:
+        add_request(sched, seq_id, prompt_len=4, max_tokens=12)
+    pipe = FakePipeline(sched)
+    assert len(pipe.fill()) == 1  # the 64 prompts; nothing else can run
+    pipe.complete_oldest()
+    first_round = pipe.fill()
+    q, r = divmod(64, pp)
+    assert [len(_decodes(b, short)) for b in first_round] == [q + 1] * r + [q] * (pp - r)
+    for _ in range(3 * pp):
+        pipe.complete_oldest()
+        (batch,) = pipe.fill()
+        assert _decodes(batch, short) == _decodes(pipe.history[-1 - pp], short)

@@ -1,19 +1,22 @@
 """Property-based tests: every policy, random arrivals and lengths, pipelines of depth 1 to 4.
 
 The fake pipeline runs micro-batches in order and returns a token per yielding chunk; a checker
-watches every micro-batch for the scheduler's promises.
+watches every micro-batch for the scheduler's promises, among them (PP > 1) how the decodes are
+spread over the micro-batches in flight.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.scheduler import FinishReason, MicroBatch, Scheduler, Sequence
+from controller.scheduler import FinishReason, MicroBatch, Scheduler, Sequence, SequenceStatus
 from tests.unit.scheduler.factories import add_request, create_scheduler, token_for
 
 POLICIES = ["sarathi", "vllm", "orca", "request_level", "chunked_only"]
@@ -36,6 +39,102 @@ class Checker:
     yielding_inflight: set[int] = field(default_factory=set)
     inflight_chunks: dict[int, int] = field(default_factory=dict)
     num_batches: int = 0
+    # Spread decodes (PP > 1): decoding sequences ready before the build being checked; per
+    # ready sequence, the micro-batches carrying decodes that passed it over since it was ready.
+    ready: set[int] = field(default_factory=set)
+    passed_over: dict[int, int] = field(default_factory=dict)
+    num_decoding: int = 0
+    preemptions: int = 0
+    # A fill (micro-batches built with no result in between) that starts with nothing in flight
+    # and every decoding sequence ready: the decodes each of its micro-batches carried.
+    fill_decodes: list[int] | None = None
+    fill_start: tuple[int, int] = (0, 0)
+    # How often the checks below had something to check (guards against testing nothing).
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def start_fill(self) -> None:
+        sched = self.sched
+        self.fill_decodes = None
+        if sched.spread_decodes and not sched.num_inflight_batches and sched.roster.size:
+            self.fill_decodes = []
+            self.fill_start = (sched.roster.size, sched.num_preemptions)
+
+    def running(self, seq_id: int) -> bool:
+        seq = self.sched.get(seq_id)
+        return seq is not None and seq.status is SequenceStatus.RUNNING
+
+    def before_schedule(self) -> None:
+        self.ready = {s.seq_id for s in self.sched.running.values() if s.is_decoding}
+        self.num_decoding = self.sched.roster.size
+        self.preemptions = self.sched.num_preemptions
+
+    def spread_checks(self, batch: MicroBatch) -> None:
+        """With PP > 1: a ready decode is passed over by at most PP - 1 micro-batches that carry
+        decodes (so it goes within PP of them), and only by a micro-batch that already carries
+        its share of the decodes, whatever prompt chunks wait; no micro-batch carries more than
+        its share unless decodes passed over PP - 1 times go beyond it."""
+        sched = self.sched
+        pp = sched.config.pipeline_depth
+        decodes = {c.seq_id for c in batch.chunks} & self.ready
+        # A decode may have lacked a KV block (and preempted, or waited for one).
+        memory_bound = sched.block_manager.num_free == 0 or sched.num_preemptions > self.preemptions
+        for seq_id in [i for i in self.passed_over if not self.running(i)]:
+            del self.passed_over[seq_id]  # aborted or preempted since
+        if self.fill_decodes is not None:
+            self.fill_decodes.append(len(decodes))
+        if not decodes:
+            if self.ready and sched.config.policy in ("sarathi", "orca"):
+                # These add decodes to every micro-batch: none goes only for want of memory.
+                assert memory_bound, "ready decodes but a micro-batch without any"
+            return
+        forced = sum(1 for i in self.ready if self.passed_over.get(i, 0) >= pp - 1)
+        share = -(-self.num_decoding // pp)
+        assert len(decodes) <= max(share, forced), "a micro-batch took more than its share"
+        left = 0
+        for seq_id in self.ready:
+            if seq_id in decodes or not self.running(seq_id):  # went, or preempted meanwhile
+                self.passed_over.pop(seq_id, None)
+            else:
+                self.passed_over[seq_id] = self.passed_over.get(seq_id, 0) + 1
+                left += 1
+        if left:
+            self.count("passed over")
+        if memory_bound:
+            return
+        if left:
+            assert len(decodes) >= max(1, self.num_decoding // pp), (
+                "a decode was passed over by a micro-batch short of its share"
+            )
+        worst = max(self.passed_over.values(), default=0)
+        if worst:
+            self.count(f"passed over {worst} times")
+        assert worst <= pp - 1, f"a ready decode passed over by {worst} micro-batches, PP={pp}"
+
+    def end_fill(self) -> None:
+        """Every decoding sequence ready and nothing in flight: the next PP micro-batches carry
+        all of them, within 1 of each other (a slot left empty counts 0). Not checked when
+        memory ran short, membership changed (a preemption, a recompute joining the decode
+        roster) or the policy left decodes out of a micro-batch (vllm admitting prompts)."""
+        sched = self.sched
+        counts, self.fill_decodes = self.fill_decodes, None
+        if counts is None or not counts:
+            return
+        num_decoding, preemptions = self.fill_start
+        if sched.num_preemptions != preemptions or sched.roster.size != num_decoding:
+            return
+        pp = sched.config.pipeline_depth
+        taken = list(itertools.takewhile(bool, counts))
+        if sum(taken) < num_decoding and len(taken) < pp:
+            # A micro-batch without decodes while some were ready (the policy's stall, or for
+            # want of memory: both checked above), or the fill ended (for want of memory).
+            return
+        taken += [0] * (pp - len(taken))
+        assert sum(taken) == num_decoding, f"not every ready decode went in one round: {counts}"
+        assert max(taken) - min(taken) <= 1, f"decodes spread unevenly: {taken}"
+        self.count("balanced fill")
 
     def on_batch(self, batch: MicroBatch) -> None:
         self.num_batches += 1
@@ -70,6 +169,8 @@ class Checker:
             if chunk.yields_token:
                 self.yielding_inflight.add(chunk.seq_id)
         assert len({c.seq_id for c in batch.chunks}) <= cfg.max_num_seqs or not self.chunked
+        if self.sched.spread_decodes:
+            self.spread_checks(batch)
 
     def after_schedule(self) -> None:
         """Under sarathi no paused decode is left out while memory allows it (no stall)."""
@@ -98,22 +199,29 @@ def run(
     requests: list[Request],
     vector_decodes_from: int = 1,
     abort_steps: Mapping[int, int] | None = None,
+    spread_decodes: bool = True,
+    checker_out: list[Checker] | None = None,
+    max_num_seqs: int = 8,
 ) -> list[tuple[object, ...]]:
     """Runs requests to the end, checking the scheduler's promises on the way; abort_steps:
-    step -> index of a request to abort then. Returns the run's trace: every micro-batch (its
-    chunks as records, the finished ids) and every result (sequence ids, finish reasons)."""
+    step -> index of a request to abort then; checker_out: gets the checker, for its counts.
+    Returns the run's trace: every micro-batch (its chunks as records, the finished ids) and
+    every result (sequence ids, finish reasons)."""
     abort_steps = abort_steps or {}
     sched = create_scheduler(
         policy=policy,
         budget_tokens=budget,
-        max_num_seqs=min(8, budget),
+        max_num_seqs=min(max_num_seqs, budget),
         pipeline_depth=pp,
         num_blocks=num_blocks,
         block_size=4,
         max_model_len=512,
         vector_decodes_from=vector_decodes_from,
+        spread_decodes=spread_decodes,
     )
     checker = Checker(sched, chunked=policy in ("sarathi", "chunked_only"))
+    if checker_out is not None:
+        checker_out.append(checker)
     pending = deque(sorted(enumerate(requests), key=lambda r: r[1].arrival_step))
     seqs: list[Sequence] = []
     inflight: deque[MicroBatch] = deque()
@@ -127,10 +235,15 @@ def run(
             seqs.append(add_request(sched, seq_id, req.prompt_len, req.max_tokens, float(step)))
         if step in abort_steps:
             sched.abort(abort_steps[step])
-        while (batch := sched.schedule(float(step))) is not None:
+        checker.start_fill()
+        while True:
+            checker.before_schedule()
+            if (batch := sched.schedule(float(step))) is None:
+                break
             checker.on_batch(batch)
             trace.append((tuple(map(tuple, batch.chunks)), tuple(batch.finished_seq_ids)))
             inflight.append(batch)
+        checker.end_fill()
         checker.after_schedule()
         if not inflight:
             assert not sched.has_unfinished or pending, "work left but nothing scheduled"
@@ -241,3 +354,115 @@ def test_vector_block_and_chunk_each_decodes_schedule_the_same(
         for vector_from in (1, 3, 1 << 30)
     ]
     assert runs[0] == runs[1] == runs[2]
+
+
+# ---- decodes spread over the pipeline (PP > 1) ------------------------------------------------
+# The checker above checks the spreading on every micro-batch of every run with PP > 1 (so the
+# tests above check it too, with preemption and aborts); the tests below aim at it.
+
+ABORTS = st.dictionaries(st.integers(1, 200), st.integers(0, 47), max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(POLICIES),
+    budget=st.sampled_from([8, 16, 64, 256]),
+    num_blocks=st.sampled_from([61, 400]),
+    requests=requests_strategy,
+    abort_steps=ABORTS,
+    vector_decodes_from=VECTOR_DECODES_FROM,
+)
+def test_with_one_stage_spreading_changes_nothing(
+    policy: str,
+    budget: int,
+    num_blocks: int,
+    requests: list[Request],
+    abort_steps: dict[int, int],
+    vector_decodes_from: int,
+) -> None:
+    """PP = 1: the micro-batches, chunk for chunk, and the results are those of the scheduler
+    that puts every ready decode into the next micro-batch (spread_decodes=False), with
+    preemption and aborts."""
+    runs = [
+        run(policy, 1, budget, num_blocks, requests, vector_decodes_from, abort_steps, spread)
+        for spread in (True, False)
+    ]
+    assert runs[0] == runs[1]
+
+
+# Many short requests at once, so that dozens decode together and finish in bunches.
+many_requests = st.lists(
+    st.builds(
+        Request,
+        arrival_step=st.integers(0, 30),
+        prompt_len=st.integers(1, 40),
+        max_tokens=st.integers(1, 60),
+    ),
+    min_size=1,
+    max_size=48,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(POLICIES),
+    pp=st.integers(2, 4),
+    budget=st.sampled_from([32, 64, 256]),
+    requests=many_requests,
+    vector_decodes_from=VECTOR_DECODES_FROM,
+)
+def test_decodes_are_spread_over_the_pipeline(
+    policy: str, pp: int, budget: int, requests: list[Request], vector_decodes_from: int
+) -> None:
+    """PP in 2..4, up to 32 sequences decoding together: each ready decode goes within PP
+    micro-batches that carry decodes, none takes more than its share, with everything ready
+    the PP micro-batches differ by at most one decode, and the budgets hold (the checker)."""
+    run(policy, pp, budget, 2000, requests, vector_decodes_from, max_num_seqs=32)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(POLICIES),
+    pp=st.integers(2, 4),
+    num_blocks=st.sampled_from([61, 120]),
+    requests=many_requests,
+    abort_steps=ABORTS,
+    vector_decodes_from=VECTOR_DECODES_FROM,
+)
+def test_spread_decodes_keep_their_bound_with_preemption_and_aborts(
+    policy: str,
+    pp: int,
+    num_blocks: int,
+    requests: list[Request],
+    abort_steps: dict[int, int],
+    vector_decodes_from: int,
+) -> None:
+    """The same with KV blocks short (preemption by recompute) and aborts in every state, and
+    the vector block and the per-sequence walk still make the same micro-batches."""
+    traces = [
+        run(policy, pp, 64, num_blocks, requests, vector_from, abort_steps, max_num_seqs=32)
+        for vector_from in (vector_decodes_from, 1 << 30)
+    ]
+    assert traces[0] == traces[1]
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_spread_checks_have_something_to_check(pp: int) -> None:
+    """Guards the property tests above against checking nothing: on this workload (30 prompts
+    that finish together while a long one fills the other slots, then more arrivals, aborts,
+    and, the second time, KV blocks short) decodes are passed over, up to PP - 1 times, fills
+    with every decode ready are checked for balance, and sequences are preempted."""
+    requests = [Request(0, 2, 30) for _ in range(30)] + [Request(0, 190, 5)]
+    requests += [Request(20, 3 + i % 7, 5 + i % 20) for i in range(16)]
+    seen: dict[str, int] = {}
+    preemptions = 0
+    for num_blocks in (2000, 120):
+        checkers: list[Checker] = []
+        aborts = {25: 3, 26: 40}
+        run("sarathi", pp, 64, num_blocks, requests, 1, aborts, True, checkers, max_num_seqs=32)
+        for what, n in checkers[0].counts.items():
+            seen[what] = seen.get(what, 0) + n
+        preemptions += checkers[0].sched.num_preemptions
+    assert seen.get("balanced fill", 0) > 0, seen
+    assert seen.get(f"passed over {pp - 1} times", 0) > 0, seen
+    assert preemptions > 0
