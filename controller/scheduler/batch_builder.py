@@ -124,10 +124,9 @@ class BatchBuilder:
             # Some decode would preempt: the exact one-by-one walk decides who.
             if not spread:
                 return self._walk_decodes(roster.seqs[order].tolist(), limit)
-            ready_seqs = roster.seqs[ready_slots].tolist()  # before preemption empties slots
-            added = self._walk_decodes(roster.seqs[slots].tolist(), len(slots))
-            self._settle_passes(ready_seqs)
-            return added
+            return self._walk_spread_decodes(
+                roster.seqs[ready_slots].tolist(), roster.seqs[slots].tolist(), len(slots)
+            )
         if chosen is not None:
             # Every chosen decode goes (no block is short): passes settle with vector operations.
             roster.passes[ready_slots] = np.where(chosen, 0, roster.passes[ready_slots] + 1)
@@ -182,10 +181,7 @@ class BatchBuilder:
         num_ready = len(ready)
         quota = self._spread_quota()
         if num_ready <= min(quota, limit) and not roster.num_passed:
-            added = self._walk_decodes(ready, limit)
-            if added < num_ready:
-                self._settle_passes(ready)  # some could not have a KV block
-            return added
+            return self._walk_spread_decodes(ready, ready, num_ready)
         counts = [passes[seq._slot] for seq in ready]
         forced = sum(1 for n in counts if n >= sched.config.pipeline_depth - 1)
         take = max(min(max(quota, forced), limit), 0)
@@ -195,7 +191,19 @@ class BatchBuilder:
             chosen = [ready[i] for i in sorted(first)]
         else:
             chosen = ready
+        return self._walk_spread_decodes(ready, chosen, take)
+
+    def _walk_spread_decodes(self, ready: list[Sequence], chosen: list[Sequence], take: int) -> int:
+        """The walk with PP > 1: the chosen decodes (admission order); if some of them could not
+        have a KV block (or were preempted for one), ready decodes not chosen take their places,
+        most passed over first, up to take in all. Then the passes settle."""
         added = self._walk_decodes(chosen, len(chosen))
+        if added < take and len(chosen) < len(ready):
+            passes = self._sched.roster.py_passes
+            taken = set(chosen)
+            spare = [seq for seq in ready if seq not in taken and seq._roster is not None]
+            spare.sort(key=lambda seq: -passes[seq._slot])  # stable: then admission order
+            added += self._walk_decodes(spare, take - added)
         self._settle_passes(ready)
         return added
 

@@ -67,7 +67,13 @@ class Checker:
         return seq is not None and seq.status is SequenceStatus.RUNNING
 
     def before_schedule(self) -> None:
-        self.ready = {s.seq_id for s in self.sched.running.values() if s.is_decoding}
+        # A decode follows a chunk still in flight only when chunks may follow each other.
+        pipelined = self.sched.config.pipeline_prefill_chunks
+        self.ready = {
+            s.seq_id
+            for s in self.sched.running.values()
+            if s.is_decoding and (pipelined or not s.num_inflight_batches)
+        }
         self.num_decoding = self.sched.roster.size
         self.preemptions = self.sched.num_preemptions
 
@@ -180,8 +186,11 @@ class Checker:
             return
         if self.sched.block_manager.num_free == 0:
             return
+        pipelined = self.sched.config.pipeline_prefill_chunks
         for seq in self.sched.running.values():
-            assert not seq.is_decoding, f"{seq} stalled although memory allowed it"
+            # Without chunk pipelining a decode waits for its sequence's chunk in flight.
+            if pipelined or not seq.num_inflight_batches:
+                assert not seq.is_decoding, f"{seq} stalled although memory allowed it"
 
     def on_result(self, batch: MicroBatch) -> None:
         for chunk in batch.chunks:
@@ -202,6 +211,7 @@ def run(
     spread_decodes: bool = True,
     checker_out: list[Checker] | None = None,
     max_num_seqs: int = 8,
+    pipeline_prefill_chunks: bool = True,
 ) -> list[tuple[object, ...]]:
     """Runs requests to the end, checking the scheduler's promises on the way; abort_steps:
     step -> index of a request to abort then; checker_out: gets the checker, for its counts.
@@ -218,6 +228,7 @@ def run(
         max_model_len=512,
         vector_decodes_from=vector_decodes_from,
         spread_decodes=spread_decodes,
+        pipeline_prefill_chunks=pipeline_prefill_chunks,
     )
     checker = Checker(sched, chunked=policy in ("sarathi", "chunked_only"))
     if checker_out is not None:
@@ -424,10 +435,11 @@ def test_decodes_are_spread_over_the_pipeline(
 @given(
     policy=st.sampled_from(POLICIES),
     pp=st.integers(2, 4),
-    num_blocks=st.sampled_from([61, 120]),
+    num_blocks=st.sampled_from([30, 61, 120]),
     requests=many_requests,
     abort_steps=ABORTS,
     vector_decodes_from=VECTOR_DECODES_FROM,
+    pipelined=st.booleans(),
 )
 def test_spread_decodes_keep_their_bound_with_preemption_and_aborts(
     policy: str,
@@ -436,11 +448,23 @@ def test_spread_decodes_keep_their_bound_with_preemption_and_aborts(
     requests: list[Request],
     abort_steps: dict[int, int],
     vector_decodes_from: int,
+    pipelined: bool,
 ) -> None:
-    """The same with KV blocks short (preemption by recompute) and aborts in every state, and
-    the vector block and the per-sequence walk still make the same micro-batches."""
+    """The same with KV blocks short (preemption by recompute) and aborts in every state, with
+    and without prompt chunks following each other in the pipeline, and the vector block and
+    the per-sequence walk still make the same micro-batches."""
     traces = [
-        run(policy, pp, 64, num_blocks, requests, vector_from, abort_steps, max_num_seqs=32)
+        run(
+            policy,
+            pp,
+            64,
+            num_blocks,
+            requests,
+            vector_from,
+            abort_steps,
+            max_num_seqs=32,
+            pipeline_prefill_chunks=pipelined,
+        )
         for vector_from in (vector_decodes_from, 1 << 30)
     ]
     assert traces[0] == traces[1]
@@ -466,3 +490,20 @@ def test_spread_checks_have_something_to_check(pp: int) -> None:
     assert seen.get("balanced fill", 0) > 0, seen
     assert seen.get(f"passed over {pp - 1} times", 0) > 0, seen
     assert preemptions > 0
+
+
+@pytest.mark.parametrize(
+    ("pp", "pipelined", "requests"),
+    [
+        (2, False, [(6, 8, 7), (10, 17, 29), (0, 21, 7), (9, 8, 16), (3, 20, 24), (0, 2, 15)]),
+        (3, True, [(7, 23, 26), (4, 5, 17), (1, 3, 23), (10, 1, 22), (2, 29, 7), (1, 1, 18)]),
+    ],
+)
+def test_a_chosen_decode_short_of_a_block_gives_its_place_to_another(
+    pp: int, pipelined: bool, requests: list[tuple[int, int, int]]
+) -> None:
+    """Found by a search: KV blocks so short (20 of 4 tokens) that the decode a micro-batch
+    chose preempts itself for a block. A ready decode it had passed over takes its place, or
+    the micro-batch would go without decodes (or not at all) while memory allowed one."""
+    reqs = [Request(*r) for r in requests]
+    run("sarathi", pp, 32, 20, reqs, 1 << 30, max_num_seqs=32, pipeline_prefill_chunks=pipelined)
