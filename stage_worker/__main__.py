@@ -19,6 +19,7 @@ from sarathi_proto import stage_pb2
 
 from stage_worker.errors import CheckpointError
 from stage_worker.etcd_registration import EtcdRegistration
+from stage_worker.kv_cache import GPU_CACHE_FRACTION
 from stage_worker.worker import StageWorker, WorkerConfig, WorkerRejected, install_log_tag
 
 
@@ -105,6 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
     p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CUDA, TP=1: replay decode steps from CUDA graphs captured per batch bucket "
+        "(not yet run on a GPU, so off by default)",
+    )
+    p.add_argument(
+        "--comm-backend",
+        default="auto",
+        choices=["auto", "nccl", "gloo"],
+        help="torch.distributed backend (auto: nccl on CUDA, gloo on the CPU; gloo on CUDA lets "
+        "several workers share one GPU)",
+    )
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float_in(0.01, 1.0),
+        default=GPU_CACHE_FRACTION,
+        help="CUDA: share of the free GPU memory after loading that the KV cache takes",
+    )
+    p.add_argument(
         "--send-slices",
         action="store_true",
         help="send 1/TP of the activations per rank; the next stage all-gathers",
@@ -149,6 +170,9 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         block_size_hint=a.block_size,
         num_threads=a.num_threads,
         attention=a.attention,
+        cuda_graphs=a.cuda_graphs,
+        comm_backend=a.comm_backend,
+        gpu_cache_fraction=a.gpu_memory_fraction,
         send_slices=a.send_slices,
         small_batch_kernel=a.small_batch_kernel,
         controller_timeout_s=a.controller_timeout,

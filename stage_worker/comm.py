@@ -1,5 +1,7 @@
 """Communication of one worker: its TP group (a stage's ranks) and the point-to-point links to
-the same TP rank of the previous and next stage. NCCL on CUDA, gloo on CPU.
+the same TP rank of the previous and next stage. NCCL on CUDA, gloo on CPU; gloo on CUDA too
+when asked (several workers sharing one GPU, which NCCL refuses), the activations then crossing
+through host memory.
 
 Ranks are laid out stage-major: global rank = stage * tp + tp_rank.
 """
@@ -47,10 +49,14 @@ class PipelineLinks:
     features and the receiving stage all-gathers them over its TP group (less network traffic
     between nodes, one extra intra-node collective)."""
 
-    def __init__(self, shard: ShardSpec, tp_group: TPGroup, send_slices: bool) -> None:
+    def __init__(
+        self, shard: ShardSpec, tp_group: TPGroup, send_slices: bool, via_host: bool = False
+    ) -> None:
         self.shard = shard
         self.tp_group = tp_group
         self.send_slices = send_slices and shard.tp > 1
+        self.via_host = via_host
+        """gloo moves host tensors only: copy CUDA activations to and from host memory."""
         self._pending: list[tuple[object, torch.Tensor]] = []
 
     def _slice_width(self, hidden_size: int) -> int:
@@ -65,7 +71,7 @@ class PipelineLinks:
             width = self._slice_width(hidden.shape[1])
             start = self.shard.tp_rank * width
             hidden = hidden[:, start : start + width]
-        buf = hidden.contiguous()
+        buf = hidden.to("cpu") if self.via_host else hidden.contiguous()
         dst = self.shard.global_rank + self.shard.tp
         self._pending.append((dist.isend(buf, dst), buf))
 
@@ -79,23 +85,29 @@ class PipelineLinks:
     ) -> torch.Tensor:
         """-> [num_tokens, hidden_size] from the previous stage (blocking)."""
         src = self.shard.global_rank - self.shard.tp
-        if not self.send_slices:
-            buf = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
-            dist.recv(buf, src)
-            return buf
-        part = torch.empty(num_tokens, self._slice_width(hidden_size), dtype=dtype, device=device)
-        dist.recv(part, src)
-        return self.tp_group.all_gather(part)
+        width = self._slice_width(hidden_size) if self.send_slices else hidden_size
+        buf = torch.empty(num_tokens, width, dtype=dtype, device="cpu" if self.via_host else device)
+        dist.recv(buf, src)
+        buf = buf.to(device)
+        return self.tp_group.all_gather(buf) if self.send_slices else buf
+
+
+def choose_backend(requested: str, device: str) -> str:
+    """auto: NCCL on CUDA, gloo on the CPU."""
+    if requested == "auto":
+        return "nccl" if device.startswith("cuda") else "gloo"
+    if requested == "nccl" and not device.startswith("cuda"):
+        raise ValueError("comm_backend='nccl' needs device=cuda; use gloo on the CPU")
+    return requested
 
 
 def init_distributed(
-    shard: ShardSpec, init_method: str, device: str, timeout_s: float = 600.0
+    shard: ShardSpec, init_method: str, device: str, backend: str, timeout_s: float = 600.0
 ) -> TPGroup:
-    """Joins the world of pp * tp ranks and returns this worker's TP group."""
+    """Joins the world of pp * tp ranks with `backend` and returns this worker's TP group."""
     world = shard.pp * shard.tp
     if world == 1:
         return TPGroup()
-    backend = "nccl" if device.startswith("cuda") else "gloo"
     logger.info(
         "joining %s world of %d as rank %d via %s", backend, world, shard.global_rank, init_method
     )

@@ -29,7 +29,7 @@ def _free_port() -> int:
 def _rank_main(rank: int, args: argparse.Namespace, init: str) -> None:
     torch.set_num_threads(1)
     shard = ShardSpec(pp=2, tp=args.tp, stage=rank // args.tp, tp_rank=rank % args.tp)
-    tp_group = init_distributed(shard, init, "cpu")
+    tp_group = init_distributed(shard, init, "cpu", "gloo")
     dtype = DTYPES[args.dtype]
     out: dict[str, float | int] = {"tp": args.tp, "tokens": args.tokens, "hidden": args.hidden}
     for mode in ("whole", "slices"):

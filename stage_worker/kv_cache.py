@@ -1,6 +1,8 @@
 """Paged KV cache of one worker's layers: K and V per layer as
-[num_blocks, block_size, kv_heads_local, head_dim]. Slot s of the flattened view is token
-s % block_size of block s // block_size."""
+[num_blocks + 1, block_size, kv_heads_local, head_dim]. Slot s of the flattened view is token
+s % block_size of block s // block_size. Block num_blocks is scratch, never handed to a
+sequence: the padding rows of a replayed CUDA graph write their K and V there (cuda_graphs.py).
+"""
 
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ def num_blocks_that_fit(
     cpu_budget_bytes: int,
     gpu_fraction: float = GPU_CACHE_FRACTION,
 ) -> int:
-    """Blocks from free GPU memory (cuda) or the configured budget (cpu)."""
+    """Blocks from free GPU memory (cuda) or the configured budget (cpu), less the scratch
+    block every cache holds."""
     if device.startswith("cuda"):
         free_bytes, _total = torch.cuda.mem_get_info(torch.device(device))
         budget = int(free_bytes * gpu_fraction)
     else:
         budget = cpu_budget_bytes
-    return max(0, budget // per_block_bytes)
+    return max(0, budget // per_block_bytes - 1)
 
 
 class KVCache:
@@ -49,10 +52,19 @@ class KVCache:
         dtype: torch.dtype,
     ) -> None:
         self.num_blocks = num_blocks
+        """Blocks the scheduler may hand out: ids 0 .. num_blocks - 1."""
         self.block_size = block_size
-        # [num_layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim]
+        self.scratch_block = num_blocks
+        # [num_layers, 2 (K, V), num_blocks + 1 (scratch), block_size, kv_heads, head_dim]
         self.data = torch.zeros(
-            num_layers, 2, num_blocks, block_size, kv_heads, head_dim, device=device, dtype=dtype
+            num_layers,
+            2,
+            num_blocks + 1,
+            block_size,
+            kv_heads,
+            head_dim,
+            device=device,
+            dtype=dtype,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens, %.1f MiB",
@@ -62,5 +74,5 @@ class KVCache:
         )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of local layer `index`: each [num_blocks, block_size, kv_heads, head_dim]."""
+        """K and V of local layer `index`: each [num_blocks + 1, block_size, kv_heads, head_dim]."""
         return self.data[index, 0], self.data[index, 1]

@@ -12,6 +12,7 @@ from sarathi_proto import stage_pb2
 
 from stage_worker.attention import AttentionBackend, AttentionMetadata, SeqSlice
 from stage_worker.attention.base import build_metadata
+from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import StageModel
@@ -42,10 +43,18 @@ class PreparedStep:
 
 
 class StageRunner:
-    def __init__(self, model: StageModel, kv_cache: KVCache, attention: AttentionBackend) -> None:
+    def __init__(
+        self,
+        model: StageModel,
+        kv_cache: KVCache,
+        attention: AttentionBackend,
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.attention = attention
+        self.graphs = graphs
+        """Decode steps replayed from CUDA graphs (None: every step runs eagerly)."""
         self.seqs: dict[int, SeqState] = {}
 
     def prepare(self, plan: stage_pb2.StepPlan) -> PreparedStep:
@@ -124,6 +133,8 @@ class StageRunner:
         """-> hidden [num_tokens, hidden]; hidden_in is the previous stage's output (stage > 0)."""
         inputs = step.token_ids if hidden_in is None else hidden_in
         assert inputs is not None, "stage 0 needs token ids"
+        if self.graphs is not None and self.graphs.accepts(step.meta):
+            return self.graphs.run(step.meta, inputs)
         return self.model(inputs, step.meta, self.kv_cache, self.attention)
 
     @torch.inference_mode()

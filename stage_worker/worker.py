@@ -21,10 +21,17 @@ from sarathi_proto import stage_pb2
 
 from stage_worker.attention import make_backend
 from stage_worker.checkpoint import CheckpointReader
-from stage_worker.comm import PipelineLinks, TPGroup, destroy_distributed, init_distributed
+from stage_worker.comm import (
+    PipelineLinks,
+    TPGroup,
+    choose_backend,
+    destroy_distributed,
+    init_distributed,
+)
 from stage_worker.config import ShardSpec, load_spec
+from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
-from stage_worker.kv_cache import KVCache, bytes_per_block, num_blocks_that_fit
+from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
 from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import StageRunner
@@ -78,6 +85,14 @@ class WorkerConfig:
     small_batch_kernel: bool = False
     """CPU bf16, one thread: steps of up to 2 tokens run a streaming GEMV kernel (decode of one
     token about 1.6x faster) at the cost of a second copy of the linear weights."""
+    cuda_graphs: bool = False
+    """On CUDA with TP=1: decode steps replay CUDA graphs captured per batch bucket. Off until
+    tests/gpu has passed on a GPU (it has not yet: BENCHMARKS.md, GPU section)."""
+    comm_backend: str = "auto"
+    """torch.distributed backend: auto (NCCL on CUDA, gloo on the CPU), nccl or gloo (on CUDA:
+    for several workers on one GPU; activations cross through host memory)."""
+    gpu_cache_fraction: float = GPU_CACHE_FRACTION
+    """CUDA: share of the free GPU memory after loading that the KV cache may take."""
     curve_server_key_file: str = ""
     """The controller's public ZeroMQ certificate: connect with CurveZMQ (with curve_key_file)."""
     curve_key_file: str = ""
@@ -103,6 +118,11 @@ class WorkerConfig:
             )
         if self.block_size_hint < 1:
             raise ValueError(f"block_size_hint={self.block_size_hint}: must be >= 1")
+        if self.comm_backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"comm_backend={self.comm_backend!r}: must be auto, nccl or gloo")
+        choose_backend(self.comm_backend, self.device)  # nccl on the CPU is refused here
+        if not 0.0 < self.gpu_cache_fraction <= 1.0:
+            raise ValueError(f"gpu_cache_fraction={self.gpu_cache_fraction}: must be in (0, 1]")
 
 
 class WorkerRejected(RuntimeError):
@@ -240,14 +260,17 @@ class StageWorker:
         if assignment.socket_ifname:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", assignment.socket_ifname)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", assignment.socket_ifname)
-        tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device)
+        backend = choose_backend(cfg.comm_backend, cfg.device)
+        tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device, backend)
         model = self._load(shard, tp_group)
         spec = model.spec
         dtype = DTYPES[cfg.dtype]
         per_block = bytes_per_block(
             len(model.layers), cfg.block_size_hint, model.num_kv_heads_local, spec.head_dim, dtype
         )
-        num_blocks = num_blocks_that_fit(cfg.device, per_block, cfg.kv_cache_bytes)
+        num_blocks = num_blocks_that_fit(
+            cfg.device, per_block, cfg.kv_cache_bytes, cfg.gpu_cache_fraction
+        )
         self._send(
             stage_pb2.WorkerMessage(
                 ready=stage_pb2.WorkerReady(num_kv_blocks=num_blocks, param_bytes=model.param_bytes)
@@ -270,8 +293,11 @@ class StageWorker:
             cfg.device,
             dtype,
         )
-        runner = StageRunner(model, cache, make_backend(cfg.attention, cfg.device))
-        links = PipelineLinks(shard, tp_group, cfg.send_slices)
+        runner = StageRunner(
+            model, cache, make_backend(cfg.attention, cfg.device), self._graphs(model, cache)
+        )
+        via_host = backend == "gloo" and cfg.device.startswith("cuda")
+        links = PipelineLinks(shard, tp_group, cfg.send_slices, via_host)
         try:
             code = self._serve(runner, links)
         except ControllerLost:
@@ -289,6 +315,15 @@ class StageWorker:
             logger.warning("pending activation sends failed at shutdown: %s", err)
         destroy_distributed()
         return code
+
+    def _graphs(self, model: StageModel, cache: KVCache) -> DecodeGraphs | None:
+        if not (self.config.cuda_graphs and self.config.device.startswith("cuda")):
+            return None
+        if model.shard.tp > 1:
+            # Capturing the TP all-reduce needs NCCL's graph support, not yet run on hardware.
+            logger.info("CUDA graphs off: TP=%d (graphs run with TP=1 only)", model.shard.tp)
+            return None
+        return DecodeGraphs(model, cache)
 
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:

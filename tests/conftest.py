@@ -14,6 +14,7 @@ import os
 import site
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"nothing beside it:\n  {shown}\n"
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """tiny_checkpoint(arch) -> folder with config.json + model.safetensors of a tiny random
+    model (tests/unit/stage_worker/tiny_models.py), written once per architecture per session."""
+    from tests.unit.stage_worker.tiny_models import make_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = make_checkpoint(arch, tmp_path_factory.mktemp(arch))
+        return made[arch]
+
+    return get

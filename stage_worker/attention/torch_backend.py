@@ -94,7 +94,9 @@ class TorchAttention:
         decodes: _Decodes | None = meta.extra["torch_decodes"]  # type: ignore[assignment]
         if decodes is not None and decodes.only_decodes:
             # a decode-only step (the common one) needs no scatter into a fresh output
-            return self._decode(q, k_cache, v_cache, decodes)
+            return paged_decode(
+                q, k_cache, v_cache, decodes.block_table, decodes.max_context_len, decodes.mask
+            )
         flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, Hkv, D]
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         out = torch.empty_like(q)
@@ -109,28 +111,43 @@ class TorchAttention:
             oi = sdpa(qi, ki, vi, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True)
             out[rows] = oi[0].transpose(0, 1)
         if decodes is not None:
-            out[decodes.rows] = self._decode(q[decodes.rows], k_cache, v_cache, decodes)
+            out[decodes.rows] = paged_decode(
+                q[decodes.rows],
+                k_cache,
+                v_cache,
+                decodes.block_table,
+                decodes.max_context_len,
+                decodes.mask,
+            )
         return out
 
-    @staticmethod
-    def _decode(
-        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _Decodes
-    ) -> torch.Tensor:
-        """One query per sequence, as plain matmuls: cheaper than a fused kernel's set-up at
-        this size. q: [B, Hq, D] -> [B, Hq, D]."""
-        batch, num_q_heads, head_dim = q.shape
-        num_kv_heads = k_cache.shape[2]
-        group = num_q_heads // num_kv_heads
-        # index_select of whole blocks (cheaper than advanced indexing with a 2-D table):
-        # [B * max_blocks, block_size, Hkv, D] -> [B, max_blocks * block_size, Hkv, D]
-        k = k_cache.index_select(0, d.block_table).view(batch, -1, num_kv_heads, head_dim)
-        v = v_cache.index_select(0, d.block_table).view(batch, -1, num_kv_heads, head_dim)
-        # -> [B, Hkv, L, D]
-        k = k[:, : d.max_context_len].permute(0, 2, 1, 3)
-        v = v[:, : d.max_context_len].permute(0, 2, 1, 3)
-        qg = q.view(batch, num_kv_heads, group, head_dim)  # query heads grouped by KV head
-        scores = torch.matmul(qg, k.transpose(-1, -2)).float() * head_dim**-0.5  # [B, Hkv, G, L]
-        if d.mask is not None:
-            scores = scores.masked_fill(~d.mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        return torch.matmul(probs, v).reshape(batch, num_q_heads, head_dim)
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """One query per sequence over its cached context, as plain matmuls: cheaper than a fused
+    kernel's set-up at this size, and free of host synchronization (CUDA graphs capture it).
+    q: [B, Hq, D]; block_table: [B * max_blocks] flattened, padded; mask:
+    [B, 1, 1, max_context_len] True = attend, or None when every context is max_context_len
+    long -> [B, Hq, D]."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    # index_select of whole blocks (cheaper than advanced indexing with a 2-D table):
+    # [B * max_blocks, block_size, Hkv, D] -> [B, max_blocks * block_size, Hkv, D]
+    k = k_cache.index_select(0, block_table).view(batch, -1, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, block_table).view(batch, -1, num_kv_heads, head_dim)
+    # -> [B, Hkv, L, D]
+    k = k[:, :max_context_len].permute(0, 2, 1, 3)
+    v = v[:, :max_context_len].permute(0, 2, 1, 3)
+    qg = q.view(batch, num_kv_heads, group, head_dim)  # query heads grouped by KV head
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * head_dim**-0.5  # [B, Hkv, G, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).reshape(batch, num_q_heads, head_dim)

@@ -60,9 +60,8 @@ class LocalPipeline:
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         # Worker output, kept for the failure message; closed with the pipeline.
         self._logs = [tempfile.TemporaryFile() for _ in range(pp * tp)]  # noqa: SIM115
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "proto")])
-        )
+        paths = [str(REPO_ROOT), str(REPO_ROOT / "proto"), os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         args = [
             "--controller", f"tcp://127.0.0.1:{port}",
             "--model", str(model_dir),

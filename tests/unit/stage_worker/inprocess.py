@@ -14,6 +14,7 @@ from stage_worker.attention import make_backend
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ShardSpec, load_spec
+from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import build_stage
 from stage_worker.runner import StageRunner
@@ -26,6 +27,7 @@ def make_runners(
     block_size: int = 16,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    cuda_graphs: bool = False,
 ) -> list[StageRunner]:
     spec = load_spec(model_dir)
     reader = CheckpointReader(model_dir)
@@ -42,7 +44,8 @@ def make_runners(
             device,
             dtype,
         )
-        runners.append(StageRunner(model, cache, make_backend("torch", device)))
+        graphs = DecodeGraphs(model, cache) if cuda_graphs else None
+        runners.append(StageRunner(model, cache, make_backend("torch", device), graphs))
     reader.close()
     return runners
 

@@ -81,8 +81,8 @@ def load_oracle(model_dir: Path):  # type: ignore[no-untyped-def]
 
 @torch.inference_mode()
 def oracle_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:  # type: ignore[no-untyped-def]
-    """transformers' greedy generate: the token ids after the prompt."""
-    ids = torch.tensor([prompt])
+    """transformers' greedy generate (on the model's device): the token ids after the prompt."""
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),

@@ -2,9 +2,14 @@
 
 Decode batches (1..64 sequences, one token each, over an existing context) and prefill chunks
 (32..1024 tokens) through the whole model as one stage (PP=1, TP=1), the paper's Figures 3, 5
-and 7 in small. Also the decode memory floor: a decode step must read every weight once, so it
-cannot beat weight bytes / memory bandwidth; the bandwidth is measured with a large tensor copy.
-`--random-shape` writes a random-weight checkpoint of a known shape first (no download).
+and 7 in small. Against two ceilings measured in the same run:
+- the decode floor: a decode step must read every weight once, so it cannot beat weight bytes /
+  memory bandwidth; the bandwidth is measured with a large tensor copy;
+- the prefill ceiling: a prompt token costs 2 FLOPs per linear weight, so tokens/s cannot beat
+  the rate of a large matrix product in the model's dtype / those FLOPs.
+On CUDA each decode point is timed eagerly and replayed from a CUDA graph (cuda_graphs.py).
+`--random-shape` draws random weights of a known shape on the device (no download); with
+`--model` as well it writes them there as a checkpoint first, and loads that.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from stage_worker.attention import SeqSlice, make_backend
 from stage_worker.attention.base import build_metadata
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
-from stage_worker.config import ShardSpec, load_spec
+from stage_worker.config import ModelSpec, ShardSpec, load_spec, spec_from_config
+from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import gemv
+from stage_worker.layers import ShardedLinear, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,34 @@ SHAPES: dict[str, dict[str, int | float | bool]] = {
 }  # fmt: skip
 
 
+def shape_config(shape: str) -> dict[str, object]:
+    """The config.json of a --random-shape shape."""
+    cfg: dict[str, object] = dict(SHAPES[shape], architectures=["LlamaForCausalLM"])
+    cfg.update(model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")
+    cfg.update(max_position_embeddings=8192)
+    return cfg
+
+
+def random_stage(spec: ModelSpec, device: str, dtype: torch.dtype, seed: int = 0) -> StageModel:
+    """The whole model as one stage, its weights drawn on the device: N(0, 0.02) matrices, norm
+    weights 1 and biases 0 (seconds for a 7B model on a GPU, where writing a checkpoint first
+    would take minutes)."""
+    model = build_stage(
+        spec, ShardSpec(pp=1, tp=1, stage=0, tp_rank=0), TPGroup(), device, dtype, None
+    )
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.02, generator=gen)
+            else:
+                param.fill_(0.0 if name.endswith("bias") else 1.0)
+        if spec.tie_word_embeddings and model.embed is not None and model.lm_head is not None:
+            model.lm_head.weight = model.embed.weight  # one matrix, as a tied checkpoint loads
+    model.pack()
+    return model
+
+
 def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype) -> None:
     """A Llama checkpoint with random weights: config.json + model.safetensors."""
     from safetensors.torch import save_file
@@ -64,9 +98,7 @@ def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype) -> None:
     vocab, num_layers = int(shape_cfg["vocab_size"]), int(shape_cfg["num_hidden_layers"])
     tied = bool(shape_cfg["tie_word_embeddings"])
     d = h // heads
-    cfg: dict[str, object] = dict(shape_cfg, architectures=["LlamaForCausalLM"])
-    cfg.update(model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")
-    cfg.update(max_position_embeddings=8192)
+    cfg = shape_config(shape)
     gen = torch.Generator().manual_seed(0)
 
     def rand(*size: int) -> torch.Tensor:
@@ -121,12 +153,30 @@ def copy_bandwidth_bytes_per_s(device: str, num_bytes: int = 1 << 30, repeats: i
     return 2 * num_bytes / (ms / 1e3)
 
 
+def matmul_flops_per_s(device: str, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    """Rate of a [size, size] x [size, size] product on random data (zeros can run faster)."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(size, size, device=device, generator=gen).to(dtype)
+    b = torch.randn(size, size, device=device, generator=gen).to(dtype)
+    ms = time_ms(lambda: a @ b, device, repeats)
+    return 2 * size**3 / (ms / 1e3)
+
+
+def linear_flops_per_token(model: StageModel) -> int:
+    """2 FLOPs per weight of every linear layer a prompt token passes (the LM head runs once per
+    chunk, not per token, and attention's share is small at these lengths)."""
+    return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, ShardedLinear))
+
+
 @dataclass(frozen=True)
 class Row:
     kind: str
     """decode (tokens = sequences, one token each) or prefill (tokens = chunk length)."""
     tokens: int
     step_ms: float
+    """Eager step time."""
+    graph_ms: float | None = None
+    """The same decode step replayed from a CUDA graph (None: not measured)."""
 
 
 class StageBench:
@@ -149,6 +199,9 @@ class StageBench:
         )  # fmt: skip
         self.blocks_per_seq = blocks_per_seq
         self.attention = make_backend(attention, model.device)
+        self.use_graphs = False
+        """Replay decode steps from CUDA graphs (captured on first use)."""
+        self._graphs: DecodeGraphs | None = None
 
     @torch.inference_mode()
     def step(self, seqs: list[SeqSlice]) -> None:
@@ -156,7 +209,12 @@ class StageBench:
         meta = build_metadata(seqs, BLOCK_SIZE, self.model.device)
         num_tokens = meta.num_tokens
         ids = torch.randint(0, self.model.spec.vocab_size, (num_tokens,), device=self.model.device)
-        hidden = self.model(ids, meta, self.cache, self.attention)
+        if self.use_graphs:
+            self._graphs = self._graphs or DecodeGraphs(self.model, self.cache)
+        if self.use_graphs and self._graphs is not None and self._graphs.accepts(meta):
+            hidden = self._graphs.run(meta, ids)
+        else:
+            hidden = self.model(ids, meta, self.cache, self.attention)
         rows = torch.tensor([s.query_start + s.num_tokens - 1 for s in seqs], device=hidden.device)
         self.model.compute_logits(hidden.index_select(0, rows)).argmax(-1)
 
@@ -171,23 +229,153 @@ class StageBench:
         return [SeqSlice(0, chunk, chunk, tuple(range(-(-chunk // BLOCK_SIZE))))]
 
 
-def run(args: argparse.Namespace) -> int:
-    if not args.decode_batches and not args.prefill_chunks:
-        raise ValueError("--decode-batches and --prefill-chunks are both empty: nothing to time")
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    if args.small_batch_kernel:
-        gemv.enable()
-    dtype = DTYPES[args.dtype]
+def load_model(args: argparse.Namespace, dtype: torch.dtype) -> tuple[StageModel, str]:
+    """The model to time and its name: random weights drawn on the device (--random-shape
+    alone), or a checkpoint (--model; with --random-shape written there first if missing)."""
+    if args.model is None:
+        spec = spec_from_config(shape_config(args.random_shape))
+        return random_stage(spec, args.device, dtype), f"random {args.random_shape}"
     model_dir = Path(args.model)
     if args.random_shape and not (model_dir / "config.json").exists():
         logger.info("writing a random %s checkpoint to %s", args.random_shape, model_dir)
         write_random_llama(model_dir, args.random_shape, dtype)
-    spec = load_spec(model_dir)
     reader = CheckpointReader(model_dir)
     shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
-    model = build_stage(spec, shard, TPGroup(), args.device, dtype, reader)
+    model = build_stage(load_spec(model_dir), shard, TPGroup(), args.device, dtype, reader)
     reader.close()
+    return model, model_dir.name
+
+
+def time_points(bench: StageBench, args: argparse.Namespace) -> tuple[list[Row], float]:
+    """Every decode and prefill point, and the copy bandwidth (measured after the first)."""
+    rows: list[Row] = []
+    bandwidth = 0.0
+    with_graphs = args.cuda_graphs and args.device.startswith("cuda")
+    for kind, sizes, make in (
+        ("decode", args.decode_batches, bench.decode_seqs),
+        ("prefill", args.prefill_chunks, bench.prefill_seqs),
+    ):
+        for n in sizes:
+            step = partial(bench.step, make(n))
+            ms = time_ms(step, args.device, args.repeats)
+            graph_ms = None
+            if kind == "decode" and with_graphs:
+                bench.use_graphs = True
+                graph_ms = time_ms(step, args.device, args.repeats)
+                bench.use_graphs = False
+            rows.append(Row(kind, n, ms, graph_ms))
+            if len(rows) == 1:
+                # The copy right after the first point, with the same thread count: on a shared
+                # machine the floor and the step it is compared with then see the same load.
+                bandwidth = copy_bandwidth_bytes_per_s(args.device, args.copy_bytes)
+    return rows, bandwidth
+
+
+@dataclass(frozen=True)
+class Report:
+    model: str
+    dtype: str
+    device: str
+    device_name: str
+    attention: str
+    small_batch_kernel: bool
+    threads: int
+    context_tokens: int
+    param_bytes: int
+    copy_bandwidth_gb_s: float
+    decode_floor_ms: float
+    """Weight bytes / copy bandwidth: no decode step can be faster."""
+    matmul_tflop_s: float | None
+    prefill_ceiling_tokens_s: float | None
+    """Matmul rate / linear FLOPs per token: no prefill can be faster."""
+    rows: list[Row]
+
+    @property
+    def decode1_over_floor(self) -> float | None:
+        first = next((r for r in self.rows if r.kind == "decode"), None)
+        return None if first is None else first.step_ms / self.decode_floor_ms
+
+    @property
+    def decode1_graph_over_floor(self) -> float | None:
+        first = next((r for r in self.rows if r.kind == "decode"), None)
+        if first is None or first.graph_ms is None:
+            return None
+        return first.graph_ms / self.decode_floor_ms
+
+    def as_json(self) -> dict[str, object]:
+        out = asdict(self)
+        out["decode1_over_floor"] = self.decode1_over_floor
+        out["decode1_graph_over_floor"] = self.decode1_graph_over_floor
+        return out
+
+
+def make_report(
+    args: argparse.Namespace, model: StageModel, name: str, rows: list[Row], bandwidth: float
+) -> Report:
+    rate = None
+    if any(r.kind == "prefill" for r in rows):
+        rate = matmul_flops_per_s(args.device, model.dtype, args.matmul_size)
+    cuda = args.device.startswith("cuda")
+    return Report(
+        model=name,
+        dtype=args.dtype,
+        device=args.device,
+        device_name=torch.cuda.get_device_name(args.device) if cuda else "cpu",
+        attention=args.attention,
+        small_batch_kernel=args.small_batch_kernel,
+        threads=torch.get_num_threads(),
+        context_tokens=args.context_tokens,
+        param_bytes=model.param_bytes,
+        copy_bandwidth_gb_s=bandwidth / 1e9,
+        decode_floor_ms=model.param_bytes / bandwidth * 1e3,
+        matmul_tflop_s=None if rate is None else rate / 1e12,
+        prefill_ceiling_tokens_s=None if rate is None else rate / linear_flops_per_token(model),
+        rows=rows,
+    )
+
+
+def print_report(r: Report) -> None:
+    print(
+        f"{r.model}: {r.param_bytes / 1e6:.1f} MB of {r.dtype} weights on {r.device_name} "
+        f"({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
+        f"attention={r.attention}\n"
+    )
+    print("| step | tokens | step ms | CUDA graph ms | tokens/s | against the limit |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in r.rows:
+        best_ms = min(row.step_ms, row.graph_ms or row.step_ms)
+        graph = "-" if row.graph_ms is None else f"{row.graph_ms:.2f}"
+        tokens_s = row.tokens / (best_ms / 1e3)
+        if row.kind == "decode":
+            limit = f"{best_ms / r.decode_floor_ms:.2f}x the floor"
+        else:
+            assert r.prefill_ceiling_tokens_s is not None
+            limit = f"{tokens_s / r.prefill_ceiling_tokens_s:.0%} of the ceiling"
+        cells = [row.kind, str(row.tokens), f"{row.step_ms:.2f}", graph, f"{tokens_s:,.0f}", limit]
+        print("| " + " | ".join(cells) + " |")
+    print(
+        f"\ncopy bandwidth {r.copy_bandwidth_gb_s:.1f} GB/s; decode floor "
+        f"{r.decode_floor_ms:.2f} ms (weight bytes / bandwidth)"
+    )
+    if r.prefill_ceiling_tokens_s is not None:
+        print(
+            f"matmul {r.matmul_tflop_s:.1f} TFLOP/s; prefill ceiling "
+            f"{r.prefill_ceiling_tokens_s:,.0f} tokens/s (matmul rate / linear FLOPs per token)"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.decode_batches and not args.prefill_chunks:
+        raise ValueError("--decode-batches and --prefill-chunks are both empty: nothing to time")
+    if args.model is None and args.random_shape is None:
+        raise ValueError("give --model (a checkpoint folder), --random-shape, or both")
+    if args.matmul_size is None:
+        args.matmul_size = 8192 if args.device.startswith("cuda") else 1024
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    if args.small_batch_kernel:
+        gemv.enable()
+    model, name = load_model(args, DTYPES[args.dtype])
     bench = StageBench(
         model,
         args.context_tokens,
@@ -195,56 +383,20 @@ def run(args: argparse.Namespace) -> int:
         max(args.decode_batches, default=1),
         max(args.prefill_chunks, default=1),
     )
-    rows: list[Row] = []
-    bandwidth = 0.0
-    for kind, sizes, make in (
-        ("decode", args.decode_batches, bench.decode_seqs),
-        ("prefill", args.prefill_chunks, bench.prefill_seqs),
-    ):
-        for n in sizes:
-            seqs = make(n)
-            ms = time_ms(partial(bench.step, seqs), args.device, args.repeats)
-            rows.append(Row(kind, n, ms))
-            if len(rows) == 1:
-                # The copy right after the first point, with the same thread count: on a shared
-                # machine the floor and the step it is compared with then see the same load.
-                bandwidth = copy_bandwidth_bytes_per_s(args.device, args.copy_bytes)
-    floor_ms = model.param_bytes / bandwidth * 1e3
-    decode1_ms = rows[0].step_ms
-    summary = {
-        "model": str(model_dir),
-        "dtype": args.dtype,
-        "device": args.device,
-        "small_batch_kernel": args.small_batch_kernel,
-        "threads": torch.get_num_threads(),
-        "param_bytes": model.param_bytes,
-        "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "decode_floor_ms": floor_ms,
-        "decode1_over_floor": decode1_ms / floor_ms,
-        "context_tokens": args.context_tokens,
-        "rows": [asdict(r) for r in rows],
-    }
+    rows, bandwidth = time_points(bench, args)
+    report = make_report(args, model, name, rows, bandwidth)
     if args.json:
-        print(json.dumps(summary, indent=1))
-        return 0
-    print(
-        f"{model_dir.name}: {model.param_bytes / 1e6:.1f} MB of {args.dtype} weights on "
-        f"{args.device} ({torch.get_num_threads()} threads), decodes over "
-        f"{args.context_tokens}-token contexts, attention={args.attention}\n"
-    )
-    print("| step | tokens | step ms | ms per token |\n|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r.kind} | {r.tokens} | {r.step_ms:.2f} | {r.step_ms / r.tokens:.3f} |")
-    print(
-        f"\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s; decode floor {floor_ms:.2f} ms "
-        f"(weights / bandwidth); decode-1 is {decode1_ms / floor_ms:.2f}x the floor"
-    )
+        print(json.dumps(report.as_json(), indent=1))
+    else:
+        print_report(report)
     return 0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stage", help="one stage's step time against tokens per step")
-    p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
+    p.add_argument(
+        "--model", help="checkpoint folder (config.json, safetensors); or give --random-shape"
+    )
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--device", type=device(), default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
@@ -260,7 +412,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--random-shape",
         choices=sorted(SHAPES),
-        help="write random weights of this shape to --model first if it holds no config.json",
+        help="random weights of this shape, drawn on the device; with --model, written there "
+        "as a checkpoint first if it holds no config.json",
     )
     sizes = comma_list(int_at_least(1), allow_empty=True)
     p.add_argument(
@@ -285,6 +438,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--small-batch-kernel",
         action="store_true",
         help="CPU bf16, one thread: steps of up to 2 tokens on the streaming GEMV kernel",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CUDA, also time each decode point replayed from a CUDA graph",
+    )
+    p.add_argument(
+        "--matmul-size",
+        type=int_at_least(16),
+        default=None,
+        help="side of the square matrix product the prefill ceiling is measured with "
+        "(default: 8192 on CUDA, 1024 on the CPU)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)

@@ -1,0 +1,188 @@
+"""Decode steps replayed from CUDA graphs.
+
+An eager decode step launches about a dozen kernels per layer, each a few microseconds of work at
+small batches, so on a fast GPU the CPU's launches, not the GPU, set the pace. Serving engines
+capture the decode step once per batch-size bucket and replay it; so does this module.
+
+A step of decodes only (one token per sequence) is padded up to a (batch, block-table) bucket
+and replayed from that bucket's graph, captured on first use. The graph's attention reads a
+static block table [B, M] and context lengths [B]; positions past a context are masked, so one
+graph serves every mix of lengths up to M blocks. Padding rows write their K and V into the
+cache's scratch block and attend to that block alone, so they never touch a sequence's blocks.
+Other steps (prompt chunks, larger batches, longer contexts) run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from stage_worker.attention import AttentionMetadata, SeqSlice
+from stage_worker.attention.base import write_kv
+from stage_worker.attention.torch_backend import paged_decode
+from stage_worker.kv_cache import KVCache
+from stage_worker.models import StageModel
+
+logger = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_TABLE_BLOCKS = 16
+"""The smallest block-table bucket; buckets double from it (wasted attention stays under 2x)."""
+MAX_TABLE_BLOCKS = 1024
+"""Contexts beyond this many blocks (16k tokens of 16-token blocks) decode eagerly."""
+
+
+def bucket_of(seqs: list[SeqSlice], block_size: int) -> tuple[int, int] | None:
+    """(padded batch, blocks per table row) of a decode-only step, or None to run it eagerly."""
+    if not seqs or any(s.num_tokens != 1 for s in seqs):
+        return None
+    batch = next((b for b in BATCH_BUCKETS if b >= len(seqs)), None)
+    longest = max(-(-s.context_len // block_size) for s in seqs)
+    table = MIN_TABLE_BLOCKS
+    while table < longest:
+        table *= 2
+    if batch is None or table > MAX_TABLE_BLOCKS:
+        return None
+    return batch, table
+
+
+class StaticDecodeAttention:
+    """Decode attention over buffers that stay put between replays (filled by _DecodeGraph)."""
+
+    def __init__(self, block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int):
+        self.block_table = block_table  # [B, M] int64
+        self.context_lens = context_lens  # [B] int64
+        self.max_context_len = block_table.shape[1] * block_size
+        self._positions = torch.arange(self.max_context_len, device=block_table.device)
+
+    def prepare(
+        self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
+    ) -> None:
+        """Nothing per step: the buffers are the plan."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        # q: [B, Hq, D]; k, v: [B, Hkv, D] -> [B, Hq, D]
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        mask = (self._positions[None, :] < self.context_lens[:, None])[:, None, None, :]
+        return paged_decode(
+            q, k_cache, v_cache, self.block_table.flatten(), self.max_context_len, mask
+        )
+
+
+@dataclass
+class _DecodeGraph:
+    """One bucket's captured step and the static tensors it reads and writes."""
+
+    inputs: torch.Tensor
+    """[B] int64 token ids (first stage) or [B, hidden] activations."""
+    meta: AttentionMetadata
+    """positions [B] and slot_mapping [B] are static buffers."""
+    table_and_lens: torch.Tensor
+    """[B * M + B] int64: the block table, then the context lengths (one copy from the host)."""
+    attention: StaticDecodeAttention
+    graph: torch.cuda.CUDAGraph | None = None
+    out: torch.Tensor | None = None
+    """[B, hidden] written by each replay."""
+
+
+class DecodeGraphs:
+    """Captured decode steps of one stage model over one KV cache."""
+
+    def __init__(self, model: StageModel, kv_cache: KVCache) -> None:
+        if not str(model.device).startswith("cuda"):
+            raise ValueError(f"CUDA graphs need a CUDA device, not {model.device}")
+        self.model = model
+        self.kv_cache = kv_cache
+        self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every graph
+
+    def accepts(self, meta: AttentionMetadata) -> bool:
+        return bucket_of(meta.seqs, self.kv_cache.block_size) is not None
+
+    @property
+    def num_captured(self) -> int:
+        return len(self._graphs)
+
+    def run(self, meta: AttentionMetadata, inputs: torch.Tensor) -> torch.Tensor:
+        """The step's hidden states [n, hidden], as the eager model would give them."""
+        key = bucket_of(meta.seqs, self.kv_cache.block_size)
+        assert key is not None, "not a decode step that fits a bucket"
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._graphs[key] = self._capture(*key)
+        self._load(entry, meta, inputs)
+        assert entry.graph is not None and entry.out is not None
+        entry.graph.replay()
+        # a copy: the next replay overwrites `out` while this step's result may still be in use
+        return entry.out[: len(meta.seqs)].clone()
+
+    def _load(self, entry: _DecodeGraph, meta: AttentionMetadata, inputs: torch.Tensor) -> None:
+        n, cache = len(meta.seqs), self.kv_cache
+        batch, table = entry.attention.block_table.shape
+        scratch = cache.scratch_block
+        host: list[int] = []
+        for s in meta.seqs:
+            used = s.block_ids[: -(-s.context_len // cache.block_size)]
+            host.extend(used)
+            host.extend([scratch] * (table - len(used)))
+        host.extend([scratch] * (table * (batch - n)))
+        host.extend(s.context_len for s in meta.seqs)
+        host.extend([1] * (batch - n))  # padding rows attend to one scratch slot
+        entry.table_and_lens.copy_(torch.tensor(host, dtype=torch.int64), non_blocking=False)
+        entry.meta.positions[:n].copy_(meta.positions)
+        entry.meta.slot_mapping[:n].copy_(meta.slot_mapping)
+        entry.inputs[:n].copy_(inputs)
+        if n < batch:
+            entry.meta.positions[n:].zero_()
+            entry.meta.slot_mapping[n:].fill_(scratch * cache.block_size)
+            entry.inputs[n:].zero_()
+
+    def _capture(self, batch: int, table: int) -> _DecodeGraph:
+        model, cache, device = self.model, self.kv_cache, self.model.device
+        scratch_slot = cache.scratch_block * cache.block_size
+        table_and_lens = torch.full(
+            (batch * table + batch,), cache.scratch_block, dtype=torch.int64, device=device
+        )
+        table_and_lens[batch * table :] = 1
+        block_table = table_and_lens[: batch * table].view(batch, table)
+        lens = table_and_lens[batch * table :]
+        if model.embed is not None:
+            inputs = torch.zeros(batch, dtype=torch.int64, device=device)
+        else:
+            inputs = torch.zeros(batch, model.spec.hidden_size, dtype=model.dtype, device=device)
+        meta = AttentionMetadata(
+            seqs=[],
+            positions=torch.zeros(batch, dtype=torch.int64, device=device),
+            slot_mapping=torch.full((batch,), scratch_slot, dtype=torch.int64, device=device),
+            block_size=cache.block_size,
+        )
+        entry = _DecodeGraph(
+            inputs, meta, table_and_lens, StaticDecodeAttention(block_table, lens, cache.block_size)
+        )
+
+        def step() -> torch.Tensor:
+            return model(entry.inputs, entry.meta, cache, entry.attention)
+
+        # Warm-up on a side stream (as torch asks before capture): lazy initialisations and the
+        # allocator's pool settle; with padding everywhere it writes the scratch block only.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        entry.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(entry.graph, pool=self._pool):
+            entry.out = step()
+        logger.info("captured the decode step for batch %d, %d-block tables", batch, table)
+        return entry
