@@ -43,6 +43,9 @@ class SimulatedPipeline:
         )
         self._completions: list[tuple[float, int, MicroBatch]] = []
         self.num_batches = 0
+        self.steady_window_s: tuple[float, float] | None = None
+        """Where set, steady_busy_s counts each stage's busy time inside this window."""
+        self.steady_busy_s = [0.0] * self.num_stages
 
     @property
     def stage0_free_at_s(self) -> float:
@@ -71,6 +74,11 @@ class SimulatedPipeline:
             end_s = start_s + time_s
             free_at[stage] = end_s
             busy[stage] += time_s
+            if self.steady_window_s is not None:
+                lo, hi = self.steady_window_s
+                overlap = min(end_s, hi) - max(start_s, lo)
+                if overlap > 0:
+                    self.steady_busy_s[stage] += overlap
             if intervals is not None:
                 intervals[stage].append((start_s, end_s))
             ready_s = end_s + cost.transfer_s if stage < last else end_s
@@ -86,6 +94,16 @@ class SimulatedPipeline:
             done_s, _, batch = heapq.heappop(completions)
             done.append((done_s, batch))
         return done
+
+
+def steady_window(arrivals_s: Sequence[float], share: float = 0.8) -> tuple[float, float]:
+    """The middle `share` of a probe's arrivals (sorted): from the arrival at the (1 - share) / 2
+    quantile to the one at (1 + share) / 2, leaving out the ramp-up and the drain."""
+    if not arrivals_s:
+        return (0.0, 0.0)
+    last = len(arrivals_s) - 1
+    edge = (1.0 - share) / 2
+    return arrivals_s[round(edge * last)], arrivals_s[round((1.0 - edge) * last)]
 
 
 class SimRequest(NamedTuple):
@@ -117,6 +135,10 @@ class SimulationResult:
     stopped_early: bool = False
     """Ended once more than half the requests were scheduled later than the delay limit."""
     stage_intervals: list[list[tuple[float, float]]] | None = field(default=None, repr=False)
+    steady_window_s: tuple[float, float] = (0.0, 0.0)
+    """The middle 80% of the arrivals (steady_window)."""
+    steady_stage_busy_s: list[float] = field(default_factory=list)
+    """Each stage's busy seconds inside steady_window_s."""
 
 
 def run_simulation(
@@ -139,6 +161,7 @@ def run_simulation(
     num_rejected = 0
     next_arrival = 0
     now = requests[0].arrival_s if requests else 0.0
+    pipeline.steady_window_s = steady_window([r.arrival_s for r in requests])
     loops = 0
     stopped = False
     while next_arrival < num_requests or scheduler.has_unfinished:
@@ -232,4 +255,6 @@ def run_simulation(
         num_rejected=num_rejected,
         stopped_early=stopped,
         stage_intervals=pipeline.stage_intervals,
+        steady_window_s=pipeline.steady_window_s,
+        steady_stage_busy_s=list(pipeline.steady_busy_s),
     )

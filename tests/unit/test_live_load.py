@@ -4,11 +4,13 @@ benchmark model."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 from sarathictl.bench.live_capacity import MIN_PROBE_REQUESTS, cap_probe
 from sarathictl.bench.live_load import LiveRecord, LiveRun, scale_requests
+from sarathictl.bench.metrics import BusyWindow, union_s
 from sarathictl.cli import main
 
 from controller.executor.simulated import SimRequest
@@ -16,20 +18,42 @@ from controller.executor.simulated import SimRequest
 
 def test_live_metrics_use_client_token_times_and_stage_busy_seconds() -> None:
     records = [
-        LiveRecord(arrival_s=0.0, first_token_s=0.5, scheduling_delay_s=0.1,
+        LiveRecord(arrival_s=0.0, first_token_s=0.5, finish_s=0.9, scheduling_delay_s=0.1,
                    num_prompt_tokens=10, num_output_tokens=3, gaps_s=[0.1, 0.3]),
-        LiveRecord(arrival_s=1.0, first_token_s=1.2, scheduling_delay_s=0.3,
+        LiveRecord(arrival_s=1.0, first_token_s=1.2, finish_s=1.5, scheduling_delay_s=0.3,
                    num_prompt_tokens=20, num_output_tokens=2, gaps_s=[0.2]),
     ]  # fmt: skip
-    run = LiveRun(records, start_s=0.0, end_s=2.0, stage_busy_s=[1.0, 1.5], num_preemptions=0)
+    run = LiveRun(records, start_s=0.0, end_s=2.0, stage_busy_s=[0.7, 1.0], num_preemptions=0)
     m = run.metrics()
     assert m.num_requests == 2 and not m.stopped_early
     assert m.ttft_p50_s == 0.35  # (0.5 + 0.2) / 2
     assert m.scheduling_delay_p50_s == 0.2
     assert m.tbt_p50_s == 0.2  # every gap is a sample: 0.1, 0.2, 0.3
-    assert m.stage_utilization == (0.5, 0.75)
-    assert m.bubble_fraction == 0.375
     assert m.throughput_tokens_s == 17.5
+    # 1.4 s of the 2 s had a request in the system: the other 0.6 s is idle, not bubble
+    assert m.stage_utilization == pytest.approx((0.35, 0.5))
+    assert m.stage_bubble == pytest.approx((0.35, 0.2))
+    assert m.stage_idle == pytest.approx((0.3, 0.3))
+    assert m.bubble_fraction == pytest.approx((0.35 / 0.7 + 0.2 / 0.7) / 2)
+    assert math.isnan(m.steady_bubble_fraction)  # no steady window measured
+
+
+def test_steady_state_bubble_counts_only_its_window() -> None:
+    records = [
+        LiveRecord(arrival_s=0.0, first_token_s=0.5, finish_s=0.9, num_output_tokens=1),
+        LiveRecord(arrival_s=1.0, first_token_s=1.2, finish_s=1.5, num_output_tokens=1),
+    ]
+    steady = BusyWindow(0.0, 1.0, (0.5, 0.9))
+    run = LiveRun(records, 0.0, 2.0, [0.7, 1.0], 0, steady=steady)
+    # 0.9 s of work in the window: stage 0 waited 0.4 s of it, stage 1 none
+    assert run.metrics().steady_bubble_fraction == pytest.approx((0.4 / 0.9 + 0.0) / 2)
+
+
+def test_union_of_request_spans_within_a_window() -> None:
+    spans = [(0.0, 1.0), (0.5, 2.0), (3.0, 4.0), (3.2, 3.5), (6.0, 9.0)]
+    assert union_s(spans, 0.0, 10.0) == pytest.approx(6.0)
+    assert union_s(spans, 1.5, 7.0) == pytest.approx(0.5 + 1.0 + 1.0)
+    assert union_s([], 0.0, 1.0) == 0.0
 
 
 def test_a_failed_request_fails_the_run() -> None:

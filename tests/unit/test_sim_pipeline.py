@@ -116,8 +116,23 @@ def test_pipeline_metrics_show_utilization_per_stage() -> None:
     metrics = prepare(setup).run(qps=1.0)
     assert len(metrics.stage_utilization) == 2
     assert all(0 < u <= 1 for u in metrics.stage_utilization)
-    assert metrics.bubble_fraction == pytest.approx(1 - sum(metrics.stage_utilization) / 2)
+    shares = zip(metrics.stage_utilization, metrics.stage_bubble, metrics.stage_idle, strict=True)
+    assert all(u + b + i == pytest.approx(1.0) for u, b, i in shares)
+    util_bubble = zip(metrics.stage_utilization, metrics.stage_bubble, strict=True)
+    assert metrics.bubble_fraction == pytest.approx(sum(b / (u + b) for u, b in util_bubble) / 2)
+    assert 0 <= metrics.steady_bubble_fraction <= 1
     assert metrics.num_requests == 32
+
+
+def test_a_pause_between_requests_is_idle_not_bubble() -> None:
+    """Two requests 100 s apart: the stages are idle in between; bubble only counts the time a
+    request was in the system, so it stays what one request alone gives."""
+    workload = WorkloadSpec(source="fixed", num_requests=2, prompt_tokens=512, output_tokens=8)
+    setup = SimSetup(model="llama2-70b", gpu="a40", tp=4, pp=2, link="pcie4", workload=workload)
+    metrics = prepare(setup).run(qps=0.01)
+    assert all(idle > 0.9 for idle in metrics.stage_idle)
+    assert all(bubble < 0.05 for bubble in metrics.stage_bubble)
+    assert metrics.bubble_fraction > 0.2  # one request alone leaves a PP=2 pipeline half empty
 
 
 def test_early_stop_when_most_requests_wait_too_long() -> None:

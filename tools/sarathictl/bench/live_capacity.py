@@ -178,7 +178,8 @@ def run_local(args: argparse.Namespace) -> int:
             s = result.saturated
             say(
                 f"[{policy}] saturated at {rate(args.saturation_qps)}: bubbles "
-                f"{s.bubble_fraction:.0%}, {s.throughput_tokens_s:.0f} tokens/s"
+                f"{s.bubble_fraction:.0%} (steady {s.steady_bubble_fraction:.0%}), "
+                f"{s.throughput_tokens_s:.0f} tokens/s"
             )
         results.append(result)
     reference = next((r for r in results if r.policy == "vllm"), None)
@@ -194,6 +195,7 @@ def run_local(args: argparse.Namespace) -> int:
                 if reference and reference.capacity_qps
                 else None,
                 "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
+                "steady_bubble_fraction_at_capacity": m.steady_bubble_fraction if m else None,
                 "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
                 "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
                 "saturated": r.saturated.to_dict() if r.saturated else None,
@@ -218,6 +220,7 @@ def run_local(args: argparse.Namespace) -> int:
     for row, r in zip(rows, results, strict=True):
         ratio = row["ratio_to_vllm"]
         bubble = row["bubble_fraction_at_capacity"]
+        steady = row["steady_bubble_fraction_at_capacity"]
         saturated = (
             f"  saturated: bubbles {r.saturated.bubble_fraction:.0%}, "
             f"{r.saturated.throughput_tokens_s:.0f} tokens/s"
@@ -227,6 +230,7 @@ def run_local(args: argparse.Namespace) -> int:
         print(
             f"  {row['policy']:<14} {row['capacity_qps']:8.3f} qps"
             f"  {f'{ratio:.2f}x vllm' if isinstance(ratio, float) else '-':>12}"
-            f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}{saturated}"
+            f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
+            f" (steady {f'{steady:.0%}' if isinstance(steady, float) else '-'}){saturated}"
         )
     return 0

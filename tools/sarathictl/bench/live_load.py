@@ -3,7 +3,8 @@
 Every request uses `ignore_eos` with `max_tokens` = the trace's output length, so the output
 length does not depend on the weights. Token times are taken where a user sees them (on the
 client); the scheduling delay comes from the server's last message; stage utilization from the
-stages' own busy seconds (Status before and after the run).
+stages' own busy seconds (Status before and after the run, and at the two edges of the middle 80%
+of the arrivals for the steady-state bubble).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import grpc
 import numpy as np
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
-from controller.executor.simulated import SimRequest
-from sarathictl.bench.metrics import ServingMetrics, serving_metrics
+from controller.executor.simulated import SimRequest, steady_window
+from sarathictl.bench.metrics import BusyWindow, ServingMetrics, serving_metrics
 
 # Random prompt ids are drawn below this so that any model's vocabulary holds them.
 PROMPT_ID_LIMIT = 200
@@ -46,6 +47,8 @@ class LiveRun:
     """Micro-batches the controller issued during the run."""
     controller_busy_s: float = 0.0
     """Controller CPU time spent scheduling, encoding, sending and applying results in the run."""
+    steady: BusyWindow | None = None
+    """Stage busy seconds over the middle 80% of the arrivals."""
 
     @property
     def controller_share_of_step(self) -> float:
@@ -65,11 +68,12 @@ class LiveRun:
             ttft_s=np.array([r.first_token_s - r.arrival_s for r in ok]),
             scheduling_delay_s=np.array([r.scheduling_delay_s for r in ok]),
             tbt_gaps_s=np.array([g for r in ok for g in r.gaps_s]),
-            duration_s=self.end_s - self.start_s,
-            stage_busy_s=self.stage_busy_s,
+            probe=BusyWindow(self.start_s, self.end_s, tuple(self.stage_busy_s)),
+            request_spans_s=[(r.arrival_s, r.finish_s) for r in ok],
             num_tokens=sum(r.num_prompt_tokens + r.num_output_tokens for r in ok),
             num_preemptions=self.num_preemptions,
             stopped_early=bool(self.num_errors),
+            steady=self.steady,
         )
 
 
@@ -78,6 +82,14 @@ async def _status(stub: generate_pb2_grpc.GenerationStub) -> generate_pb2.Status
         generate_pb2.StatusRequest(), timeout=10
     )
     return response
+
+
+def busy_between(
+    before: generate_pb2.StatusResponse, after: generate_pb2.StatusResponse
+) -> list[float]:
+    return [
+        a.busy_s_total - b.busy_s_total for a, b in zip(after.stages, before.stages, strict=True)
+    ]
 
 
 async def replay(
@@ -91,6 +103,13 @@ async def replay(
         before = await _status(stub)
         clock = time.perf_counter
         start = clock()
+        lo, hi = steady_window([r.arrival_s for r in requests])
+
+        async def status_at(t: float) -> generate_pb2.StatusResponse:
+            await asyncio.sleep(max(0.0, start + t - clock()))
+            return await _status(stub)
+
+        edges = asyncio.gather(status_at(lo), status_at(hi))
 
         async def one(req: SimRequest, prompt: list[int]) -> LiveRecord:
             await asyncio.sleep(max(0.0, start + req.arrival_s - clock()))
@@ -119,9 +138,9 @@ async def replay(
         records = await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True)))
         end = clock()
         after = await _status(stub)
-    busy = [
-        a.busy_s_total - b.busy_s_total for a, b in zip(after.stages, before.stages, strict=True)
-    ]
+        at_lo, at_hi = await edges
+    busy = busy_between(before, after)
+    steady = BusyWindow(lo, hi, tuple(busy_between(at_lo, at_hi))) if hi > lo else None
     preemptions = after.scheduler.num_preemptions - before.scheduler.num_preemptions
     return LiveRun(
         list(records),
@@ -133,6 +152,7 @@ async def replay(
         controller_busy_s=(
             after.scheduler.controller_busy_s_total - before.scheduler.controller_busy_s_total
         ),
+        steady=steady,
     )
 
 

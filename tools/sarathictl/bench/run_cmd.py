@@ -64,6 +64,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"  sched delay P50   {metrics.scheduling_delay_p50_s:.3f} s")
     print(f"  throughput        {metrics.throughput_rps:.2f} req/s, "
           f"{metrics.throughput_tokens_s:.0f} tokens/s")  # fmt: skip
-    util = ", ".join(f"{u:.0%}" for u in metrics.stage_utilization)
-    print(f"  stage utilization {util}; bubble fraction {metrics.bubble_fraction:.0%}")
+    print(f"  {metrics.stage_line()}")
     return 0 if not result.num_errors else 1

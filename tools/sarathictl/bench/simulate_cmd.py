@@ -80,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
         f"  sched delay P50   {m.scheduling_delay_p50_s:.3f} s (P99 {m.scheduling_delay_p99_s:.3f})"
     )
     print(f"  throughput        {m.throughput_rps:.3f} req/s, {m.throughput_tokens_s:.0f} tokens/s")
-    util = ", ".join(f"{u:.1%}" for u in m.stage_utilization)
-    print(f"  stage utilization {util}; bubble fraction {m.bubble_fraction:.1%}")
+    print(f"  {m.stage_line(digits=1)}")
     print(f"  preemptions       {m.num_preemptions}; wall time {wall_s:.1f} s")
     return 0
