@@ -5,7 +5,9 @@ in-process tests both drive this."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 from sarathi_proto import stage_pb2
@@ -60,7 +62,8 @@ class StageRunner:
     def prepare(self, plan: stage_pb2.StepPlan) -> PreparedStep:
         """Applies the plan's bookkeeping and builds the step's metadata. Raises PlanError,
         leaving every sequence's state and the cache as they were, for a plan naming an unknown
-        sequence, a block beyond the cache, or positions that do not continue the sequence."""
+        sequence, a block beyond the cache, or positions that do not continue the sequence.
+        The step's order: plan.seqs[:decodes_at], the decode columns, the other seqs."""
         for seq_id in plan.finished_seq_ids:
             self.seqs.pop(seq_id, None)
         self._validate(plan)
@@ -72,61 +75,85 @@ class StageRunner:
                 )
                 gen = make_generator(spec.seed, device) if self.model.shard.is_last else None
                 self.seqs[s.seq_id] = SeqState([], 0, spec, gen)
-        slices: list[SeqSlice] = []
-        sample_rows: list[int] = []
-        sample_seq_ids: list[int] = []
-        start = 0
-        for s in plan.seqs:
-            state = self.seqs[s.seq_id]
-            state.block_ids.extend(s.new_block_ids)
-            state.num_computed_tokens = s.first_position + s.num_tokens
-            slices.append(
-                SeqSlice(start, s.num_tokens, state.num_computed_tokens, tuple(state.block_ids))
-            )
-            start += s.num_tokens
-            if s.yields_token:
-                sample_rows.append(start - 1)
-                sample_seq_ids.append(s.seq_id)
+        step = _StepBuilder(self.seqs, self.model.shard.is_first)
+        at = plan.decodes_at
+        step.add_seqs(plan.seqs[:at])
+        step.add_decodes(plan.decodes)
+        step.add_seqs(plan.seqs[at:])
         token_ids = None
         if self.model.shard.is_first:
-            ids = [t for s in plan.seqs for t in s.token_ids]
-            token_ids = torch.tensor(ids, dtype=torch.int64, device=device)
-        meta = build_metadata(slices, self.kv_cache.block_size, device)
-        return PreparedStep(plan.batch_id, meta, token_ids, sample_rows, sample_seq_ids)
+            token_ids = torch.tensor(step.token_ids, dtype=torch.int64, device=device)
+        meta = build_metadata(step.slices, self.kv_cache.block_size, device)
+        return PreparedStep(plan.batch_id, meta, token_ids, step.sample_rows, step.sample_seq_ids)
 
     def _validate(self, plan: stage_pb2.StepPlan) -> None:
-        bs, num_blocks = self.kv_cache.block_size, self.kv_cache.num_blocks
         seen: set[int] = set()
         for s in plan.seqs:
-            if s.seq_id in seen:
-                raise PlanError(f"batch {plan.batch_id}: sequence {s.seq_id} appears twice")
-            seen.add(s.seq_id)
-            state = None if s.HasField("sampling") else self.seqs.get(s.seq_id)
-            if state is None and not s.HasField("sampling"):
-                raise PlanError(f"batch {plan.batch_id}: unknown sequence {s.seq_id}")
-            bad = [b for b in s.new_block_ids if b >= num_blocks]
-            if bad:
-                raise PlanError(
-                    f"batch {plan.batch_id}: sequence {s.seq_id} names block {bad[0]}, beyond the "
-                    f"cache of {num_blocks} blocks"
-                )
-            computed = state.num_computed_tokens if state else 0
-            num_blocks_after = (len(state.block_ids) if state else 0) + len(s.new_block_ids)
-            if s.first_position != computed or s.num_tokens < 1:
-                raise PlanError(
-                    f"batch {plan.batch_id}: sequence {s.seq_id} chunk at position "
-                    f"{s.first_position} with {s.num_tokens} tokens; expected position {computed}"
-                )
-            if (s.first_position + s.num_tokens) > num_blocks_after * bs:
-                raise PlanError(
-                    f"batch {plan.batch_id}: sequence {s.seq_id} needs "
-                    f"{s.first_position + s.num_tokens} KV slots, has {num_blocks_after * bs}"
-                )
-            if self.model.shard.is_first and len(s.token_ids) != s.num_tokens:
-                raise PlanError(
-                    f"batch {plan.batch_id}: sequence {s.seq_id} has {len(s.token_ids)} token "
-                    f"ids for a chunk of {s.num_tokens}"
-                )
+            self._validate_chunk(
+                plan.batch_id, s.seq_id, s.first_position, s.num_tokens, list(s.new_block_ids),
+                len(s.token_ids), s.HasField("sampling"), seen,
+            )  # fmt: skip
+        self._validate_decodes(plan, seen)
+
+    def _validate_decodes(self, plan: stage_pb2.StepPlan, seen: set[int]) -> None:
+        d, batch_id = plan.decodes, plan.batch_id
+        num = len(d.seq_ids)
+        at = list(d.new_block_at)
+        if len(d.positions) != num or len(at) != len(d.new_block_ids):
+            raise PlanError(f"batch {batch_id}: decode columns of different lengths")
+        if any(i >= num for i in at) or any(a >= b for a, b in pairwise(at)):
+            raise PlanError(f"batch {batch_id}: decode new_block_at not ascending within {num}")
+        if plan.decodes_at > len(plan.seqs):
+            raise PlanError(f"batch {batch_id}: decodes_at {plan.decodes_at} past the seqs")
+        if self.model.shard.is_first and len(d.token_ids) != num:
+            raise PlanError(f"batch {batch_id}: {len(d.token_ids)} token ids for {num} decodes")
+        new_blocks = dict(zip(at, d.new_block_ids, strict=True))
+        for i, (seq_id, position) in enumerate(zip(d.seq_ids, d.positions, strict=True)):
+            block = new_blocks.get(i)
+            blocks = [] if block is None else [block]
+            self._validate_chunk(batch_id, seq_id, position, 1, blocks, 1, False, seen)
+
+    def _validate_chunk(
+        self,
+        batch_id: int,
+        seq_id: int,
+        first_position: int,
+        num_tokens: int,
+        new_block_ids: list[int],
+        num_token_ids: int,
+        is_new: bool,
+        seen: set[int],
+    ) -> None:
+        bs, num_blocks = self.kv_cache.block_size, self.kv_cache.num_blocks
+        if seq_id in seen:
+            raise PlanError(f"batch {batch_id}: sequence {seq_id} appears twice")
+        seen.add(seq_id)
+        state = None if is_new else self.seqs.get(seq_id)
+        if state is None and not is_new:
+            raise PlanError(f"batch {batch_id}: unknown sequence {seq_id}")
+        bad = [b for b in new_block_ids if b >= num_blocks]
+        if bad:
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} names block {bad[0]}, beyond the "
+                f"cache of {num_blocks} blocks"
+            )
+        computed = state.num_computed_tokens if state else 0
+        num_blocks_after = (len(state.block_ids) if state else 0) + len(new_block_ids)
+        if first_position != computed or num_tokens < 1:
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} chunk at position "
+                f"{first_position} with {num_tokens} tokens; expected position {computed}"
+            )
+        if (first_position + num_tokens) > num_blocks_after * bs:
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} needs "
+                f"{first_position + num_tokens} KV slots, has {num_blocks_after * bs}"
+            )
+        if self.model.shard.is_first and num_token_ids != num_tokens:
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} has {num_token_ids} token "
+                f"ids for a chunk of {num_tokens}"
+            )
 
     @torch.inference_mode()
     def forward(self, step: PreparedStep, hidden_in: torch.Tensor | None) -> torch.Tensor:
@@ -150,3 +177,51 @@ class StageRunner:
         assert all(g is not None for g in gens), "generators live on the last stage"
         tokens = sample(logits, [s.sampling for s in states], gens)  # type: ignore[arg-type]
         return list(zip(step.sample_seq_ids, tokens, strict=True))
+
+
+class _StepBuilder:
+    """The step's flat token batch, chunk after chunk, applied to the sequences' state."""
+
+    def __init__(self, seqs: dict[int, SeqState], with_token_ids: bool) -> None:
+        self.seqs = seqs
+        self.with_token_ids = with_token_ids
+        self.slices: list[SeqSlice] = []
+        self.sample_rows: list[int] = []
+        self.sample_seq_ids: list[int] = []
+        self.token_ids: list[int] = []
+        self.num_tokens = 0
+
+    def add_seqs(self, chunks: Iterable[stage_pb2.ScheduledSeq]) -> None:
+        for s in chunks:
+            state = self.seqs[s.seq_id]
+            state.block_ids.extend(s.new_block_ids)
+            state.num_computed_tokens = s.first_position + s.num_tokens
+            blocks = tuple(state.block_ids)
+            self.slices.append(
+                SeqSlice(self.num_tokens, s.num_tokens, state.num_computed_tokens, blocks)
+            )
+            self.num_tokens += s.num_tokens
+            if s.yields_token:
+                self.sample_rows.append(self.num_tokens - 1)
+                self.sample_seq_ids.append(s.seq_id)
+            if self.with_token_ids:
+                self.token_ids.extend(s.token_ids)
+
+    def add_decodes(self, d: stage_pb2.DecodeColumns) -> None:
+        """One token each, every one yielding: read as columns."""
+        seq_ids = list(d.seq_ids)
+        new_blocks = dict(zip(d.new_block_at, d.new_block_ids, strict=True))
+        first_row = self.num_tokens
+        seqs, slices = self.seqs, self.slices
+        for i, (seq_id, position) in enumerate(zip(seq_ids, d.positions, strict=True)):
+            state = seqs[seq_id]
+            block = new_blocks.get(i)
+            if block is not None:
+                state.block_ids.append(block)
+            state.num_computed_tokens = position + 1
+            slices.append(SeqSlice(first_row + i, 1, position + 1, tuple(state.block_ids)))
+        self.num_tokens += len(seq_ids)
+        self.sample_rows.extend(range(first_row, self.num_tokens))
+        self.sample_seq_ids.extend(seq_ids)
+        if self.with_token_ids:
+            self.token_ids.extend(d.token_ids)

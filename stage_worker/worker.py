@@ -375,9 +375,11 @@ class StageWorker:
                     runner.sample(step, runner.logits(step, hidden)) if step.sample_rows else []
                 )
                 if shard.tp_rank == 0:
-                    result = stage_pb2.StepResult(batch_id=plan.batch_id)
-                    for seq_id, token_id in tokens:
-                        result.tokens.add(seq_id=seq_id, token_id=token_id)
+                    result = stage_pb2.StepResult(
+                        batch_id=plan.batch_id,
+                        seq_ids=[seq_id for seq_id, _ in tokens],
+                        token_ids=[token_id for _, token_id in tokens],
+                    )
                     self._send(stage_pb2.WorkerMessage(result=result))
             else:
                 links.send(hidden)

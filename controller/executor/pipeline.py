@@ -24,7 +24,7 @@ from sarathi_proto import stage_pb2
 from controller.config import ParallelConfig
 from controller.executor.control_channel import ControlChannel
 from controller.executor.membership import PipelineSlots, WorkerInfo
-from controller.executor.plan_codec import decode_result, encode_plan
+from controller.executor.plan_codec import decode_result, encode_plan_messages
 from controller.scheduler import MicroBatch
 from controller.telemetry import StageTelemetry
 
@@ -241,9 +241,7 @@ class PipelineExecutor:
         pipeline is down the batch is dropped: the engine requeued its sequences."""
         if not self.up:
             return
-        first = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=True))
-        rest = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=False))
-        first_bytes, rest_bytes = first.SerializeToString(), rest.SerializeToString()
+        first_bytes, rest_bytes = encode_plan_messages(batch)
         self.last_submitted_batch_id = batch.batch_id
         # Every worker is tried before the pipeline is declared down: when one dies its
         # neighbours' links break and they exit too, and status must name every stage that is

@@ -9,10 +9,11 @@ from controller.scheduler import MicroBatch
 
 def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
     """The StepPlan for one micro-batch. Only stage 0 embeds tokens, so only its plan carries
-    token ids (with_token_ids); later stages receive activations instead."""
+    token ids (with_token_ids); later stages receive activations instead. The decode block goes
+    as packed columns; other chunks as one record each."""
     plan = stage_pb2.StepPlan(batch_id=batch.batch_id, finished_seq_ids=batch.finished_seq_ids)
     add = plan.seqs.add
-    for chunk in batch.chunks:
+    for chunk in batch.other_chunks:
         seq = add(
             seq_id=chunk.seq_id,
             first_position=chunk.first_position,
@@ -29,9 +30,27 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
                     temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed
                 )
             )
+    block = batch.decodes
+    if block is not None:
+        plan.decodes_at = batch.decodes_at
+        columns = plan.decodes
+        columns.seq_ids.extend(block.seq_ids)
+        columns.positions.extend(block.positions.tolist())
+        columns.new_block_at.extend(block.new_block_at)
+        columns.new_block_ids.extend(block.new_block_ids)
+        if with_token_ids:
+            columns.token_ids.extend(block.input_tokens())
     return plan
 
 
 def decode_result(result: stage_pb2.StepResult) -> dict[int, int]:
     """seq_id -> sampled token id, as Scheduler.on_result takes it."""
-    return {t.seq_id: t.token_id for t in result.tokens}
+    return dict(zip(result.seq_ids, result.token_ids, strict=True))
+
+
+def encode_plan_messages(batch: MicroBatch) -> tuple[bytes, bytes]:
+    """The serialized ControllerMessage of a micro-batch for stage 0 (with token ids) and for
+    every later stage (without)."""
+    first = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=True))
+    rest = stage_pb2.ControllerMessage(plan=encode_plan(batch, with_token_ids=False))
+    return first.SerializeToString(), rest.SerializeToString()

@@ -57,6 +57,14 @@ class DecodeBlock(NamedTuple):
     new_block_ids: list[int]
     """The block each of those appends, in the same order."""
 
+    def input_tokens(self) -> list[int]:
+        """Each decode's input token: the last one its sequence knew when it was scheduled (C-level
+        maps, not a Python loop: this runs for every decode of every micro-batch encoded)."""
+        seqs = self.seqs.tolist()
+        num_prompt = np.fromiter(map(len, map(_prompt_of, seqs)), np.int64, len(seqs))
+        output_index = (self.positions - num_prompt).tolist()
+        return list(map(list.__getitem__, map(_output_of, seqs), output_index))
+
 
 class MicroBatch:
     """One micro-batch. Decodes of roster sequences are held as columns (a DecodeBlock placed
@@ -109,11 +117,7 @@ class MicroBatch:
         # Built with C-level maps, not a Python loop: this runs for every decode of every
         # micro-batch that is encoded for the wire or costed by the simulator.
         num = len(block.seq_ids)
-        seqs = block.seqs.tolist()
-        num_prompt = np.fromiter(map(len, map(_prompt_of, seqs)), np.int64, num)
-        # The decode's token is the last one known when it was scheduled.
-        output_index = (block.positions - num_prompt).tolist()
-        tokens = map(list.__getitem__, map(_output_of, seqs), output_index)
+        tokens = block.input_tokens()
         new_block_ids: list[tuple[int, ...]] = [()] * num
         for i, block_id in zip(block.new_block_at, block.new_block_ids, strict=True):
             new_block_ids[i] = (block_id,)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sarathi_proto/stage.proto\x12\x10sarathi.stage.v1\"m\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\"{\n\x10WorkerAssignment\x12\r\n\x05stage\x18\x01 \x01(\r\x12\x0f\n\x07tp_rank\x18\x02 \x01(\r\x12\n\n\x02pp\x18\x03 \x01(\r\x12\n\n\x02tp\x18\x04 \x01(\r\x12\x18\n\x10\x64ist_init_method\x18\x05 \x01(\t\x12\x15\n\rsocket_ifname\x18\x06 \x01(\t\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xd0\x01\n\x0cScheduledSeq\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\r\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x14\n\x0cyields_token\x18\x04 \x01(\x08\x12\x15\n\rnew_block_ids\x18\x05 \x03(\r\x12\x11\n\ttoken_ids\x18\x06 \x03(\r\x12\x37\n\x08sampling\x18\x07 \x01(\x0b\x32 .sarathi.stage.v1.SamplingParamsH\x00\x88\x01\x01\x42\x0b\n\t_sampling\"d\n\x08StepPlan\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12,\n\x04seqs\x18\x02 \x03(\x0b\x32\x1e.sarathi.stage.v1.ScheduledSeq\x12\x18\n\x10\x66inished_seq_ids\x18\x03 \x03(\x04\"0\n\x0cSampledToken\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x10\n\x08token_id\x18\x02 \x01(\r\"N\n\nStepResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12.\n\x06tokens\x18\x02 \x03(\x0b\x32\x1e.sarathi.stage.v1.SampledToken\"9\n\x0bWorkerReady\x12\x15\n\rnum_kv_blocks\x18\x01 \x01(\r\x12\x13\n\x0bparam_bytes\x18\x02 \x01(\x04\"<\n\x0f\x43\x61\x63heAssignment\x12\x15\n\rnum_kv_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\"\x92\x01\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\r\x12\x0f\n\x07tp_rank\x18\x03 \x01(\r\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x04\x12\x13\n\x0bstep_busy_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x62usy_s_total\x18\x06 \x01(\x01\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\"\xd9\x01\n\rWorkerMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.sarathi.stage.v1.WorkerHelloH\x00\x12.\n\x05ready\x18\x02 \x01(\x0b\x32\x1d.sarathi.stage.v1.WorkerReadyH\x00\x12.\n\x06result\x18\x03 \x01(\x0b\x32\x1c.sarathi.stage.v1.StepResultH\x00\x12\x30\n\theartbeat\x18\x04 \x01(\x0b\x32\x1b.sarathi.stage.v1.HeartbeatH\x00\x42\x06\n\x04\x62ody\"\x18\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x85\x02\n\x11\x43ontrollerMessage\x12\x38\n\nassignment\x18\x01 \x01(\x0b\x32\".sarathi.stage.v1.WorkerAssignmentH\x00\x12\x32\n\x05\x63\x61\x63he\x18\x02 \x01(\x0b\x32!.sarathi.stage.v1.CacheAssignmentH\x00\x12*\n\x04plan\x18\x03 \x01(\x0b\x32\x1a.sarathi.stage.v1.StepPlanH\x00\x12\x12\n\x08shutdown\x18\x04 \x01(\x08H\x00\x12*\n\x06reject\x18\x05 \x01(\x0b\x32\x18.sarathi.stage.v1.RejectH\x00\x12\x0e\n\x04ping\x18\x06 \x01(\x08H\x00\x42\x06\n\x04\x62ody\"d\n\x12\x43ontrollerEndpoint\x12\x14\n\x0c\x63ontrol_addr\x18\x01 \x01(\t\x12\x11\n\tgrpc_addr\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\n\n\x02pp\x18\x04 \x01(\r\x12\n\n\x02tp\x18\x05 \x01(\r\"v\n\x12WorkerRegistration\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05stage\x18\x05 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x06 \x01(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sarathi_proto/stage.proto\x12\x10sarathi.stage.v1\"m\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\"{\n\x10WorkerAssignment\x12\r\n\x05stage\x18\x01 \x01(\r\x12\x0f\n\x07tp_rank\x18\x02 \x01(\r\x12\n\n\x02pp\x18\x03 \x01(\r\x12\n\n\x02tp\x18\x04 \x01(\r\x12\x18\n\x10\x64ist_init_method\x18\x05 \x01(\t\x12\x15\n\rsocket_ifname\x18\x06 \x01(\t\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xd0\x01\n\x0cScheduledSeq\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_position\x18\x02 \x01(\r\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x14\n\x0cyields_token\x18\x04 \x01(\x08\x12\x15\n\rnew_block_ids\x18\x05 \x03(\r\x12\x11\n\ttoken_ids\x18\x06 \x03(\r\x12\x37\n\x08sampling\x18\x07 \x01(\x0b\x32 .sarathi.stage.v1.SamplingParamsH\x00\x88\x01\x01\x42\x0b\n\t_sampling\"s\n\rDecodeColumns\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x11\n\tpositions\x18\x02 \x03(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x14\n\x0cnew_block_at\x18\x04 \x03(\r\x12\x15\n\rnew_block_ids\x18\x05 \x03(\r\"\xaa\x01\n\x08StepPlan\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12,\n\x04seqs\x18\x02 \x03(\x0b\x32\x1e.sarathi.stage.v1.ScheduledSeq\x12\x18\n\x10\x66inished_seq_ids\x18\x03 \x03(\x04\x12\x30\n\x07\x64\x65\x63odes\x18\x04 \x01(\x0b\x32\x1f.sarathi.stage.v1.DecodeColumns\x12\x12\n\ndecodes_at\x18\x05 \x01(\r\"H\n\nStepResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x0f\n\x07seq_ids\x18\x03 \x03(\x04\x12\x11\n\ttoken_ids\x18\x04 \x03(\rJ\x04\x08\x02\x10\x03\"9\n\x0bWorkerReady\x12\x15\n\rnum_kv_blocks\x18\x01 \x01(\r\x12\x13\n\x0bparam_bytes\x18\x02 \x01(\x04\"<\n\x0f\x43\x61\x63heAssignment\x12\x15\n\rnum_kv_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\"\x92\x01\n\tHeartbeat\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\r\x12\x0f\n\x07tp_rank\x18\x03 \x01(\r\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x04\x12\x13\n\x0bstep_busy_s\x18\x05 \x01(\x01\x12\x14\n\x0c\x62usy_s_total\x18\x06 \x01(\x01\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\"\xd9\x01\n\rWorkerMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.sarathi.stage.v1.WorkerHelloH\x00\x12.\n\x05ready\x18\x02 \x01(\x0b\x32\x1d.sarathi.stage.v1.WorkerReadyH\x00\x12.\n\x06result\x18\x03 \x01(\x0b\x32\x1c.sarathi.stage.v1.StepResultH\x00\x12\x30\n\theartbeat\x18\x04 \x01(\x0b\x32\x1b.sarathi.stage.v1.HeartbeatH\x00\x42\x06\n\x04\x62ody\"\x18\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x85\x02\n\x11\x43ontrollerMessage\x12\x38\n\nassignment\x18\x01 \x01(\x0b\x32\".sarathi.stage.v1.WorkerAssignmentH\x00\x12\x32\n\x05\x63\x61\x63he\x18\x02 \x01(\x0b\x32!.sarathi.stage.v1.CacheAssignmentH\x00\x12*\n\x04plan\x18\x03 \x01(\x0b\x32\x1a.sarathi.stage.v1.StepPlanH\x00\x12\x12\n\x08shutdown\x18\x04 \x01(\x08H\x00\x12*\n\x06reject\x18\x05 \x01(\x0b\x32\x18.sarathi.stage.v1.RejectH\x00\x12\x0e\n\x04ping\x18\x06 \x01(\x08H\x00\x42\x06\n\x04\x62ody\"d\n\x12\x43ontrollerEndpoint\x12\x14\n\x0c\x63ontrol_addr\x18\x01 \x01(\t\x12\x11\n\tgrpc_addr\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\n\n\x02pp\x18\x04 \x01(\r\x12\n\n\x02tp\x18\x05 \x01(\r\"v\n\x12WorkerRegistration\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\x12\r\n\x05model\x18\x04 \x01(\t\x12\r\n\x05stage\x18\x05 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x06 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,26 +39,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_end=364
   _globals['_SCHEDULEDSEQ']._serialized_start=367
   _globals['_SCHEDULEDSEQ']._serialized_end=575
-  _globals['_STEPPLAN']._serialized_start=577
-  _globals['_STEPPLAN']._serialized_end=677
-  _globals['_SAMPLEDTOKEN']._serialized_start=679
-  _globals['_SAMPLEDTOKEN']._serialized_end=727
-  _globals['_STEPRESULT']._serialized_start=729
-  _globals['_STEPRESULT']._serialized_end=807
-  _globals['_WORKERREADY']._serialized_start=809
-  _globals['_WORKERREADY']._serialized_end=866
-  _globals['_CACHEASSIGNMENT']._serialized_start=868
-  _globals['_CACHEASSIGNMENT']._serialized_end=928
-  _globals['_HEARTBEAT']._serialized_start=931
-  _globals['_HEARTBEAT']._serialized_end=1077
-  _globals['_WORKERMESSAGE']._serialized_start=1080
-  _globals['_WORKERMESSAGE']._serialized_end=1297
-  _globals['_REJECT']._serialized_start=1299
-  _globals['_REJECT']._serialized_end=1323
-  _globals['_CONTROLLERMESSAGE']._serialized_start=1326
-  _globals['_CONTROLLERMESSAGE']._serialized_end=1587
-  _globals['_CONTROLLERENDPOINT']._serialized_start=1589
-  _globals['_CONTROLLERENDPOINT']._serialized_end=1689
-  _globals['_WORKERREGISTRATION']._serialized_start=1691
-  _globals['_WORKERREGISTRATION']._serialized_end=1809
+  _globals['_DECODECOLUMNS']._serialized_start=577
+  _globals['_DECODECOLUMNS']._serialized_end=692
+  _globals['_STEPPLAN']._serialized_start=695
+  _globals['_STEPPLAN']._serialized_end=865
+  _globals['_STEPRESULT']._serialized_start=867
+  _globals['_STEPRESULT']._serialized_end=939
+  _globals['_WORKERREADY']._serialized_start=941
+  _globals['_WORKERREADY']._serialized_end=998
+  _globals['_CACHEASSIGNMENT']._serialized_start=1000
+  _globals['_CACHEASSIGNMENT']._serialized_end=1060
+  _globals['_HEARTBEAT']._serialized_start=1063
+  _globals['_HEARTBEAT']._serialized_end=1209
+  _globals['_WORKERMESSAGE']._serialized_start=1212
+  _globals['_WORKERMESSAGE']._serialized_end=1429
+  _globals['_REJECT']._serialized_start=1431
+  _globals['_REJECT']._serialized_end=1455
+  _globals['_CONTROLLERMESSAGE']._serialized_start=1458
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1719
+  _globals['_CONTROLLERENDPOINT']._serialized_start=1721
+  _globals['_CONTROLLERENDPOINT']._serialized_end=1821
+  _globals['_WORKERREGISTRATION']._serialized_start=1823
+  _globals['_WORKERREGISTRATION']._serialized_end=1941
 # @@protoc_insertion_point(module_scope)

@@ -68,31 +68,43 @@ class ScheduledSeq(_message.Message):
     sampling: SamplingParams
     def __init__(self, seq_id: _Optional[int] = ..., first_position: _Optional[int] = ..., num_tokens: _Optional[int] = ..., yields_token: _Optional[bool] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
+class DecodeColumns(_message.Message):
+    __slots__ = ("seq_ids", "positions", "token_ids", "new_block_at", "new_block_ids")
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_AT_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    new_block_at: _containers.RepeatedScalarFieldContainer[int]
+    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., new_block_at: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class StepPlan(_message.Message):
-    __slots__ = ("batch_id", "seqs", "finished_seq_ids")
+    __slots__ = ("batch_id", "seqs", "finished_seq_ids", "decodes", "decodes_at")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECODES_FIELD_NUMBER: _ClassVar[int]
+    DECODES_AT_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSeq]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class SampledToken(_message.Message):
-    __slots__ = ("seq_id", "token_id")
-    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
-    seq_id: int
-    token_id: int
-    def __init__(self, seq_id: _Optional[int] = ..., token_id: _Optional[int] = ...) -> None: ...
+    decodes: DecodeColumns
+    decodes_at: int
+    def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., decodes: _Optional[_Union[DecodeColumns, _Mapping]] = ..., decodes_at: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("batch_id", "tokens")
+    __slots__ = ("batch_id", "seq_ids", "token_ids")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
-    tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
-    def __init__(self, batch_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+    seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch_id: _Optional[int] = ..., seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WorkerReady(_message.Message):
     __slots__ = ("num_kv_blocks", "param_bytes")

@@ -80,7 +80,7 @@ def test_bad_plan_is_answered_empty_and_the_pipeline_keeps_serving(
         bad = stage_pb2.StepPlan(batch_id=1)
         bad.seqs.add(seq_id=42, first_position=0, num_tokens=1, yields_token=True, token_ids=[1])
         pipeline.send_plan(bad, bad)
-        assert list(pipeline.wait_result().tokens) == []
+        assert list(pipeline.wait_result().seq_ids) == []
         run = pipeline.generate(make_prompts((9,)), 3)
     oracle = load_oracle(model_dir)
     assert run.tokens[0] == oracle_greedy(oracle, make_prompts((9,))[0], 3)

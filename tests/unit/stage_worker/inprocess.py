@@ -66,10 +66,12 @@ def generate(
     max_tokens: int,
     budget_tokens: int = 32,
     tile_tokens: int = 8,
+    vector_decodes_from: int | None = None,
 ) -> Outcome:
     """Runs the prompts to max_tokens tokens each (greedy). Up to pp micro-batches are scheduled
     before any result returns, as in a real pipeline, then each passes through every stage in
-    order; logits of every sampled position are kept for comparison."""
+    order; logits of every sampled position are kept for comparison. vector_decodes_from: the
+    scheduler's threshold for sending decodes as packed columns (1: always)."""
     pp = len(runners)
     cache = runners[0].kv_cache
     scheduler = Scheduler(
@@ -80,6 +82,7 @@ def generate(
             pipeline_depth=pp,
         ),
         CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
+        **({} if vector_decodes_from is None else {"vector_decodes_from": vector_decodes_from}),
     )
     for seq_id, prompt in enumerate(prompts):
         scheduler.add_request(seq_id, prompt, RequestParams(max_tokens=max_tokens), now=0.0)

@@ -112,3 +112,47 @@ def test_plans_naming_an_unknown_sequence_or_a_block_beyond_the_cache_change_not
     assert torch.equal(runner.kv_cache.data, cache_before)
     assert set(runner.seqs) == {7}
     assert (runner.seqs[7].block_ids, runner.seqs[7].num_computed_tokens) == state_before
+
+
+def decode_plan(
+    batch_id: int, seq_ids: list[int], positions: list[int], tokens: list[int], **blocks: list[int]
+) -> stage_pb2.StepPlan:
+    plan = stage_pb2.StepPlan(batch_id=batch_id)
+    plan.decodes.seq_ids.extend(seq_ids)
+    plan.decodes.positions.extend(positions)
+    plan.decodes.token_ids.extend(tokens)
+    plan.decodes.new_block_at.extend(blocks.get("at", []))
+    plan.decodes.new_block_ids.extend(blocks.get("ids", []))
+    return plan
+
+
+def test_bad_decode_columns_change_nothing(tiny_checkpoint: Callable[[str], Path]) -> None:
+    (runner,) = make_runners(tiny_checkpoint("llama"), pp=1, num_blocks=8)
+    for batch_id, seq_id in ((1, 7), (2, 8)):
+        first = runner.prepare(
+            make_plan(batch_id, seq_id, num_tokens=16, blocks=[seq_id - 6], first=True)
+        )
+        runner.forward(first, None)
+    cache_before = runner.kv_cache.data.clone()
+    states = {i: (list(s.block_ids), s.num_computed_tokens) for i, s in runner.seqs.items()}
+
+    bad = {
+        "unknown sequence 9": decode_plan(3, [7, 9], [16, 16], [1, 1], at=[0, 1], ids=[3, 4]),
+        "expected position 16": decode_plan(3, [7, 8], [16, 15], [1, 1], at=[0, 1], ids=[3, 4]),
+        "needs 17 KV slots, has 16": decode_plan(3, [7, 8], [16, 16], [1, 1], at=[0], ids=[3]),
+        "block 8, beyond the cache": decode_plan(
+            3, [7, 8], [16, 16], [1, 1], at=[0, 1], ids=[3, 8]
+        ),
+        "1 token ids for 2 decodes": decode_plan(3, [7, 8], [16, 16], [1], at=[0, 1], ids=[3, 4]),
+        "sequence 7 appears twice": decode_plan(3, [7, 7], [16, 16], [1, 1], at=[0, 1], ids=[3, 4]),
+        "not ascending": decode_plan(3, [7, 8], [16, 16], [1, 1], at=[1, 0], ids=[3, 4]),
+    }
+    for message, plan in bad.items():
+        with pytest.raises(PlanError, match=message):
+            runner.prepare(plan)
+    assert torch.equal(runner.kv_cache.data, cache_before)
+    assert {i: (list(s.block_ids), s.num_computed_tokens) for i, s in runner.seqs.items()} == states
+
+    good = runner.prepare(decode_plan(3, [7, 8], [16, 16], [1, 2], at=[0, 1], ids=[3, 4]))
+    assert good.sample_seq_ids == [7, 8] and good.sample_rows == [0, 1]
+    assert runner.seqs[7].block_ids == [1, 3] and runner.seqs[8].num_computed_tokens == 17

@@ -49,6 +49,21 @@ def test_tokens_and_logits_match_transformers(
         torch.testing.assert_close(last, oracle_last_logits(oracle, full), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_decodes_sent_as_packed_columns_give_the_same_tokens(
+    pp: int, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    """Every decode of every micro-batch goes as StepPlan.decodes columns (the scheduler's
+    threshold at 1), with prompt chunks on either side of them: the tokens stay transformers'."""
+    model_dir = tiny_checkpoint("llama")
+    prompts = make_prompts((37, 5, 70, 16, 2))
+    runners = make_runners(model_dir, pp, num_blocks=64)
+    out = generate(runners, prompts, MAX_TOKENS, vector_decodes_from=1)
+    oracle = load_oracle(model_dir)
+    for seq_id, prompt in enumerate(prompts):
+        assert out.tokens[seq_id] == oracle_greedy(oracle, prompt, MAX_TOKENS), seq_id
+
+
 @pytest.mark.parametrize("arch", ["llama", "falcon_new"])
 def test_preempted_sequence_is_recomputed_to_the_same_tokens(
     arch: str, tiny_checkpoint: Callable[[str], Path]

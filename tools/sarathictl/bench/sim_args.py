@@ -51,6 +51,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
     s.add_argument(
+        "--spread-decodes",
+        action=argparse.BooleanOptionalAction,
+        default=d.spread_decodes,
+        help="with PP > 1, divide the decodes among the micro-batches in flight (--no-: every "
+        "ready decode joins the next micro-batch, as before issue 15)",
+    )
+    s.add_argument(
         "--orca-paged",
         action="store_true",
         help="orca with a paged KV cache (default: as the paper ran it, KV reserved per request)",
@@ -101,6 +108,7 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         budget_tokens=args.budget,
         baseline_budget_tokens=args.baseline_budget,
         max_num_seqs=args.max_num_seqs,
+        spread_decodes=args.spread_decodes,
         orca_as_published=not args.orca_paged,
         workload=workload,
         profile_csv=args.profile,

@@ -48,6 +48,8 @@ class SimSetup:
     prompts of every admitted request batched together. False: orca with paged KV."""
     profile_csv: str = ""
     """A measured profile instead of the analytic model (every stage costs what it says)."""
+    spread_decodes: bool = True
+    """With PP > 1, decodes divided among the micro-batches in flight (Scheduler)."""
 
     def with_policy(self, policy: str) -> SimSetup:
         return replace(self, policy=policy)
@@ -74,7 +76,9 @@ class PreparedSim:
         if not qps > 0:
             raise ValueError(f"qps must be > 0, got {qps}")
         requests = [SimRequest(t / qps, p, o) for t, p, o in self.unit_requests]
-        scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        scheduler = Scheduler(
+            self.scheduler_config, self.cache_config, spread_decodes=self.setup.spread_decodes
+        )
         pipeline = SimulatedPipeline(self.cost_model, record_intervals=record_intervals)
         result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
         return summarize(result)

@@ -6,6 +6,7 @@ import argparse
 
 from sarathictl.bench import (
     capacity_cmd,
+    controller_step,
     paper,
     run_cmd,
     scheduler_speed,
@@ -23,3 +24,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     paper.register(bench_sub)
     stage_step.register(bench_sub)
     run_cmd.register(bench_sub)
+    controller_step.register(bench_sub)
