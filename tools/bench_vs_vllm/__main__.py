@@ -1,0 +1,337 @@
+"""`python -m bench_vs_vllm`: vLLM and sarathi-cluster side by side on this machine, each driven
+by `vllm bench serve` at every rate of a list, one server at a time (see __init__.py).
+
+Run by the vLLM venv's Python with tools/ on the path; `make bench-vs-vllm` does both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+
+from bench_vs_vllm.client import (
+    BenchError,
+    Workload,
+    bench_command,
+    random_workload,
+    rate_flag,
+    run_bench,
+    trace_workload,
+)
+from bench_vs_vllm.dataset import write_trace_dataset
+from bench_vs_vllm.plot import plot
+from bench_vs_vllm.results import (
+    MAX_MEDIAN_TTFT_S,
+    Row,
+    capacity,
+    capacity_table,
+    load_row,
+    markdown_table,
+    slo_from_light_load,
+)
+from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
+
+TOOLS = Path(__file__).resolve().parent.parent
+REPO = TOOLS.parent
+TRACE = TOOLS / "sarathictl" / "bench" / "traces" / "splitwise_conv.csv"
+SYSTEMS = ("vllm", "sarathi")
+WORKLOADS = ("random", "conversation")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench_vs_vllm", description=__doc__)
+    p.add_argument("--model", type=Path, default=REPO / ".cache/models/smollm2-135m-instruct")
+    p.add_argument("--results", type=Path, default=REPO / "bench-results/vs-vllm")
+    p.add_argument("--rates", default="0.25,0.5,0.75,1,1.5,inf", help="req/s, comma-separated")
+    p.add_argument("--num-prompts", type=int, default=12, help="requests per rate")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="vllm,sarathi or one of them")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="random,conversation")
+    p.add_argument("--random-input-len", type=int, default=512)
+    p.add_argument("--random-output-len", type=int, default=128)
+    p.add_argument("--trace", type=Path, default=TRACE, help="conversation trace CSV")
+    p.add_argument(
+        "--trace-scale",
+        type=float,
+        default=0.5,
+        help="trace lengths times this (0.5: the trace's longest request fits 8,192 tokens)",
+    )
+    p.add_argument("--vllm-bin", type=Path, default=Path(sys.executable).parent / "vllm")
+    p.add_argument("--sarathictl", type=Path, default=REPO / ".venv/bin/sarathictl")
+    p.add_argument("--vllm-port", type=int, default=8100)
+    p.add_argument("--sarathi-port", type=int, default=8200)
+    p.add_argument("--vllm-kv-cache-gib", type=int, default=1)
+    p.add_argument("--vllm-cpus", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: all)")
+    p.add_argument(
+        "--slo-factors",
+        default="5,25",
+        help="TBT SLOs as multiples of vLLM's median TBT at the lowest rate (strict, relaxed)",
+    )
+    p.add_argument("--tbt-slo-ms", type=float, default=0.0, help="a fixed TBT SLO instead")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no servers: the table, plot and capacity again from the results folder's runs",
+    )
+    args = p.parse_args(argv)
+    args.rate_list = parse_rates(args.rates)
+    args.system_list = _names(args.systems, SYSTEMS, "--systems")
+    args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
+    return args
+
+
+def parse_rates(text: str) -> list[float]:
+    rates = [float(part) for part in text.split(",") if part.strip()]
+    if not rates or any(not r > 0 for r in rates):
+        raise SystemExit(f"--rates: positive numbers or inf, got {text!r}")
+    return sorted(rates)
+
+
+def _names(text: str, known: tuple[str, ...], flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SystemExit(f"{flag}: choose from {', '.join(known)}; got {text!r}")
+    return names
+
+
+def say(message: str) -> None:
+    print(f"[bench-vs-vllm {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def max_model_len(model: Path) -> int:
+    config = json.loads((model / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))
+
+
+def build_workloads(args: argparse.Namespace) -> list[Workload]:
+    workloads = []
+    for name in args.workload_list:
+        if name == "random":
+            workloads.append(random_workload(args.random_input_len, args.random_output_len))
+        else:
+            jsonl = args.results / "datasets" / "conversation.jsonl"
+            rows = write_trace_dataset(
+                args.trace, jsonl, args.trace_scale, max_model_len(args.model),
+                args.num_prompts, args.seed,
+            )  # fmt: skip
+            prompts = sorted(r.prompt_tokens for r in rows)
+            outputs = sorted(r.output_tokens for r in rows)
+            say(
+                f"conversation trace x{args.trace_scale:g}: {len(rows)} requests, prompt "
+                f"median {prompts[len(prompts) // 2]} max {prompts[-1]}, output median "
+                f"{outputs[len(outputs) // 2]} max {outputs[-1]} tokens ({jsonl})"
+            )
+            workloads.append(trace_workload(f"conversation-x{args.trace_scale:g}", jsonl))
+    return workloads
+
+
+def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
+    if system == "vllm":
+        cpus = args.vllm_cpus or f"0-{(os.cpu_count() or 1) - 1}"
+        return vllm_spec(
+            args.vllm_bin, args.model, args.model.name, args.vllm_port,
+            args.vllm_kv_cache_gib, cpus,
+        )  # fmt: skip
+    return sarathi_spec(args.sarathictl, args.model, args.sarathi_port)
+
+
+def result_path(args: argparse.Namespace, system: str, workload: str, rate: float) -> Path:
+    return args.results / "raw" / f"{system}_{workload}_{rate_flag(rate)}qps.json"
+
+
+def run_one(args: argparse.Namespace, spec: ServerSpec, workload: Workload, rate: float) -> Row:
+    out = result_path(args, spec.name, workload.name, rate)
+    out.unlink(missing_ok=True)
+    command = bench_command(
+        args.vllm_bin, spec.base_url, args.model.name, args.model, workload, rate,
+        args.num_prompts, args.seed, out,
+    )  # fmt: skip
+    run_bench(command, out.with_suffix(".log"), {"VLLM_TARGET_DEVICE": "cpu"})
+    return load_row(out, spec.name, workload.name)
+
+
+def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:
+    """A few short requests first, so that neither system's first measured run pays for a
+    first-call cost (vLLM compiles graphs for new shapes; ours builds its kernels)."""
+    command = bench_command(
+        args.vllm_bin, spec.base_url, args.model.name, args.model, random_workload(64, 8),
+        math.inf, 4, args.seed + 1, None,
+    )  # fmt: skip
+    run_bench(command, args.results / "logs" / f"{spec.name}-warmup.log", {})
+
+
+def run_system(
+    args: argparse.Namespace, system: str, workloads: list[Workload], progress: list[int]
+) -> list[Row]:
+    """Every workload at every rate against one server, started here and always stopped."""
+    spec = server_spec(system, args)
+    log = args.results / "logs" / f"{system}-server.log"
+    say(f"starting {system}: {' '.join(spec.command)} (log: {log})")
+    rows = []
+    with serving(spec, log) as startup_s:
+        say(f"{system} serving after {startup_s:.0f} s; warming up")
+        warm_up(args, spec)
+        for workload in workloads:
+            for rate in args.rate_list:
+                progress[0] += 1
+                started = time.monotonic()
+                row = run_one(args, spec, workload, rate)
+                rows.append(row)
+                say(
+                    f"[{progress[0]}/{progress[1]}] {system} {workload.name} rate "
+                    f"{rate_flag(rate)}: {row.completed} done, {row.failed} failed, "
+                    f"{row.request_throughput:.2f} req/s, TPOT p50/p99 "
+                    f"{row.median_tpot_ms:.0f}/{row.p99_tpot_ms:.0f} ms, TTFT p50/p99 "
+                    f"{row.median_ttft_ms:.0f}/{row.p99_ttft_ms:.0f} ms, TBT p99 "
+                    f"{row.p99_itl_ms:.0f} ms ({time.monotonic() - started:.0f} s, load "
+                    f"{os.getloadavg()[0]:.1f})"
+                )
+    say(f"{system} stopped")
+    return rows
+
+
+def slos(args: argparse.Namespace, rows: list[Row]) -> dict[str, float]:
+    if args.tbt_slo_ms > 0:
+        return {"fixed": args.tbt_slo_ms}
+    factors = [float(f) for f in args.slo_factors.split(",") if f.strip()]
+    names = ["strict", "relaxed", *[f"x{f:g}" for f in factors[2:]]]
+    # From vLLM's light-load decode step on the random workload (conversation if that alone ran)
+    base = [r for r in rows if r.system == "vllm"]
+    random_rows = [r for r in base if r.workload.startswith("random")]
+    base = random_rows or base
+    if not base:
+        raise SystemExit("the SLO comes from vLLM's runs: run vllm too, or give --tbt-slo-ms")
+    return {
+        f"{name} ({f:g}x)": slo_from_light_load(base, "vllm", f)
+        for name, f in zip(names, factors, strict=False)
+    }
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, object]) -> Path:
+    slo_ms = slos(args, rows)
+    png = args.results / "vs-vllm.png"
+    plot(rows, png, slo_ms)
+    caps = {
+        name: {
+            f"{w}/{s}": capacity([r for r in rows if r.workload == w and r.system == s], v)
+            for w in sorted({r.workload for r in rows})
+            for s in sorted({r.system for r in rows})
+        }
+        for name, v in slo_ms.items()
+    }
+    report = args.results / "report.md"
+    report.write_text(
+        f"# vLLM side by side ({meta['date']})\n\n"
+        f"Machine: {meta['machine']}; load average before/after: {meta['load_before']} / "
+        f"{meta['load_after']}. vLLM {meta['vllm_version']}; {args.num_prompts} requests per "
+        f"rate; wall time {meta['wall_s']:.0f} s.\n\n"
+        + markdown_table(rows)
+        + "\n\nCapacity: the highest rate with P99 TBT (ITL) within the SLO and median TTFT "
+        f"within {MAX_MEDIAN_TTFT_S:g} s, every lower rate passing too. SLOs: "
+        + ", ".join(f"{n} {v:.0f} ms" for n, v in slo_ms.items())
+        + " (multiples of vLLM's median TBT at the lowest rate).\n\n"
+        + capacity_table(rows, slo_ms)
+        + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
+    )
+    summary = {
+        **meta,
+        "slo_ms": slo_ms,
+        "capacity_req_s": caps,
+        "rows": [{**asdict(r), "rate": rate_flag(r.rate)} for r in rows],
+    }
+    (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return report
+
+
+def report_again(args: argparse.Namespace) -> int:
+    """Rewrites the report from the saved runs and the metadata of the run that made them."""
+    summary_path = args.results / "summary.json"
+    if not summary_path.is_file():
+        say(f"no {summary_path}: nothing to report again")
+        return 2
+    meta = json.loads(summary_path.read_text())
+    rows = [
+        load_row(result_path(args, r["system"], r["workload"], float(r["rate"])), r["system"],
+                 r["workload"])
+        for r in meta.pop("rows")
+    ]  # fmt: skip
+    for key in ("slo_ms", "capacity_req_s"):
+        meta.pop(key, None)
+    report = write_report(args, rows, meta)
+    print(report.read_text(), flush=True)
+    return 0
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through `serving`, which stops it
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    if not (args.model / "config.json").is_file():
+        say(f"no model at {args.model}: run `sarathictl model prepare-demo` first")
+        return 2
+    tools = [args.vllm_bin] + ([args.sarathictl] if "sarathi" in args.system_list else [])
+    for tool in tools:
+        if not os.access(tool, os.X_OK):
+            say(f"{tool} is missing or not executable (install_vllm.sh / make install)")
+            return 2
+    if args.report_only:
+        return report_again(args)
+    args.results.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    meta: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": machine(),
+        "load_before": f"{os.getloadavg()[0]:.2f}",
+        "vllm_version": metadata.version("vllm"),
+        "model": str(args.model),
+        "rates": [rate_flag(r) for r in args.rate_list],
+        "num_prompts": args.num_prompts,
+    }
+    workloads = build_workloads(args)
+    progress = [0, len(args.system_list) * len(workloads) * len(args.rate_list)]
+    rows: list[Row] = []
+    try:
+        for system in args.system_list:
+            rows += run_system(args, system, workloads, progress)
+    except (ServerError, BenchError) as err:
+        say(f"FAILED: {err}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted; the server was stopped")
+        return 130
+    meta["load_after"] = f"{os.getloadavg()[0]:.2f}"
+    meta["wall_s"] = time.monotonic() - started
+    report = write_report(args, rows, meta)
+    print(report.read_text(), flush=True)
+    say(f"done in {meta['wall_s']:.0f} s: {report}, {args.results / 'vs-vllm.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

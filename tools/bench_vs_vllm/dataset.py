@@ -1,0 +1,99 @@
+"""The conversation trace as a dataset `vllm bench serve` reads: its `timed_trace` JSONL.
+
+Each line is one request: `input_length` prompt tokens, `output_length` tokens to generate, and
+`hash_ids`, one id per `chunk` prompt tokens, from which vLLM's client draws the prompt's token
+ids. Every request gets ids of its own, so no two prompts share a prefix (vLLM caches prefixes;
+ours does not: shared prefixes would favour it). The `timestamp` is the trace's own arrival, kept
+for reference only: the driver passes `--no-self-timed`, so the client draws Poisson arrivals at
+the rate asked, as for the random workload.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACE_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+CHUNK_TOKENS = 16  # vLLM's default --timed-trace-chunk-hash-size
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def read_trace(path: Path) -> list[TraceRequest]:
+    """The rows of a trace CSV (num_prefill_tokens, num_decode_tokens, optional arrived_at)."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        rows = [
+            TraceRequest(
+                float(row.get("arrived_at") or 0.0),
+                int(float(row["num_prefill_tokens"])),
+                int(float(row["num_decode_tokens"])),
+            )
+            for row in reader
+        ]
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    return rows
+
+
+def scale_lengths(rows: list[TraceRequest], scale: float, max_model_len: int) -> list[TraceRequest]:
+    """Both lengths times `scale` (at least one token each); a request still longer than the
+    model's context keeps its output and loses prompt tokens until it fits."""
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    scaled = []
+    for r in rows:
+        prompt = max(1, round(r.prompt_tokens * scale))
+        output = max(1, round(r.output_tokens * scale))
+        if prompt + output > max_model_len:
+            output = min(output, max_model_len - 1)
+            prompt = max_model_len - output
+        scaled.append(TraceRequest(r.arrival_s, prompt, output))
+    return scaled
+
+
+def sample(rows: list[TraceRequest], num_requests: int, seed: int) -> list[TraceRequest]:
+    """num_requests rows drawn without replacement (all of them, shuffled, if fewer), with
+    their arrival times made relative to the first drawn."""
+    picked = random.Random(seed).sample(rows, min(num_requests, len(rows)))
+    start = min(r.arrival_s for r in picked)
+    return [TraceRequest(r.arrival_s - start, r.prompt_tokens, r.output_tokens) for r in picked]
+
+
+def timed_trace_lines(rows: list[TraceRequest], chunk: int = CHUNK_TOKENS) -> list[str]:
+    """One JSON line per request in vLLM's timed_trace format; hash ids never repeat."""
+    lines = []
+    next_id = 0
+    for r in rows:
+        num_ids = math.ceil(r.prompt_tokens / chunk)
+        entry = {
+            "timestamp": round(r.arrival_s, 6),
+            "input_length": r.prompt_tokens,
+            "output_length": r.output_tokens,
+            "hash_ids": list(range(next_id, next_id + num_ids)),
+        }
+        next_id += num_ids
+        lines.append(json.dumps(entry))
+    return lines
+
+
+def write_trace_dataset(
+    trace: Path, out: Path, scale: float, max_model_len: int, num_requests: int, seed: int
+) -> list[TraceRequest]:
+    """Writes the JSONL for `vllm bench serve --dataset-name timed_trace`; returns its rows."""
+    rows = sample(scale_lengths(read_trace(trace), scale, max_model_len), num_requests, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(timed_trace_lines(rows)) + "\n")
+    return rows

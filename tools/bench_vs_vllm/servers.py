@@ -1,0 +1,139 @@
+"""Starting and stopping the two servers: one at a time, each in a process group of its own so
+that stopping it takes every child with it (vLLM's engine core, our stage workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A server exited or never answered; the message names its log."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    command: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    """Set on top of the driver's environment (without PYTHONPATH)."""
+    start_timeout_s: float = 600.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def vllm_spec(
+    vllm_bin: Path, model: Path, served_name: str, port: int, kv_cache_gib: int, cpus: str
+) -> ServerSpec:
+    """`vllm serve` in bf16 on the CPU, its OpenMP threads bound to `cpus`, none reserved."""
+    command = [
+        str(vllm_bin), "serve", str(model),
+        "--dtype", "bfloat16",
+        "--served-model-name", served_name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    ]  # fmt: skip
+    env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_OMP_THREADS_BIND": cpus,
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+    }
+    return ServerSpec("vllm", command, port, env)
+
+
+def sarathi_spec(sarathictl: Path, model: Path, port: int) -> ServerSpec:
+    """`sarathictl up --local` with its default layout, bf16, the OpenAI API on `port`. The
+    served model name is the folder's name (as vLLM's --served-model-name is set to)."""
+    command = [
+        str(sarathictl), "up", "--local",
+        "--model", str(model),
+        "--dtype", "bfloat16",
+        "--port", "0",  # gRPC on any free port: the benchmark uses only HTTP
+        "--http-port", str(port),
+        "--no-restart",  # a worker that dies fails the run instead of hiding in it
+    ]  # fmt: skip
+    return ServerSpec("sarathi", command, port)
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+def start(spec: ServerSpec, log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            spec.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(spec.env),
+            start_new_session=True,  # its own process group: stop() signals all of it
+        )
+
+
+def is_ready(base_url: str) -> bool:
+    """/health answers 200: the server takes requests (both answer it; ours says 503 until its
+    pipeline is up)."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(spec: ServerSpec, proc: subprocess.Popen[bytes], log_path: Path) -> float:
+    """Seconds it took to answer; ServerError when it exits first or takes too long."""
+    started = time.monotonic()
+    while not is_ready(spec.base_url):
+        if proc.poll() is not None:
+            raise ServerError(
+                f"{spec.name} exited with code {proc.returncode} before serving; see {log_path}"
+            )
+        if time.monotonic() - started > spec.start_timeout_s:
+            raise ServerError(
+                f"{spec.name} did not answer on {spec.base_url} within "
+                f"{spec.start_timeout_s:.0f} s; see {log_path}"
+            )
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """SIGINT to the whole group (both servers shut down cleanly on it), then SIGKILL to what is
+    left after `grace_s`."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGINT)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+@contextmanager
+def serving(spec: ServerSpec, log_path: Path) -> Iterator[float]:
+    """The server up for the block (yields its start-up seconds); stopped on the way out
+    whatever happens, Ctrl-C included."""
+    proc = start(spec, log_path)
+    try:
+        yield wait_ready(spec, proc, log_path)
+    finally:
+        stop(proc)
