@@ -71,7 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
         [
             sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", "2", "--tp", "2",
             "--model", str(model_dir), "--port", str(port), "--budget", "64",
-            "--kv-cache-mb", "16", "--log-dir", str(log_dir),
+            "--kv-cache-mb", "16", "--log-dir", str(log_dir), "--dtype", "float32",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

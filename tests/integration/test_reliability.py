@@ -83,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "--model", str(model_dir), "--port", str(port), "--budget", "64",
             "--kv-cache-mb", "16", "--log-dir", str(tmp_path_factory.mktemp("logs")),
             "--max-queued-requests", str(MAX_QUEUED), "--heartbeat-timeout", "2",
-            "--stall-timeout", "1.5",
+            "--stall-timeout", "1.5", "--dtype", "float32",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

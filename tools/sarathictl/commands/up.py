@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from controller.scheduler import policy_names
 from sarathictl.argtypes import float_in, int_at_least, port
@@ -23,6 +25,21 @@ def resolve_model(model: str) -> str:
     return str(prepare_model(PrepareOptions()).model_dir)
 
 
+def default_dtype(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """bfloat16 where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels and the GEMV
+    kernel then beat float32, and the weights take half the memory), else float32."""
+    try:
+        flags = Path(cpuinfo).read_text(errors="replace").split()
+    except OSError:
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+def threads_per_worker(num_workers: int) -> int:
+    """This machine's cores (those this process may use) shared out among the workers."""
+    return max(1, len(os.sched_getaffinity(0)) // num_workers)
+
+
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
     positive = int_at_least(1)
@@ -30,8 +47,20 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
     p.add_argument("--budget", type=positive, default=512, help="token budget per micro-batch")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="worker dtype")
-    p.add_argument("--threads", type=positive, default=1, help="torch threads per worker process")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *sorted(DTYPES)],
+        help="worker dtype (auto: bfloat16 where the CPU computes it natively, AVX512-BF16 or "
+        "AMX, else float32)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int_at_least(0),
+        default=0,
+        help="torch threads per worker process (0: this machine's cores shared out among the "
+        "workers, at least 1)",
+    )
     p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
     p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
 
@@ -48,8 +77,8 @@ def cluster_config(
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
-        dtype=args.dtype,
-        threads_per_worker=args.threads,
+        dtype=default_dtype() if args.dtype == "auto" else args.dtype,
+        threads_per_worker=args.threads or threads_per_worker(args.pp * args.tp),
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,
     )

@@ -1,0 +1,48 @@
+"""`sarathictl up` and `demo` pick defaults that fit the machine: bf16 where the CPU computes it
+natively, and the cores shared out among the workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sarathictl.commands import up
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", "bfloat16"),
+        ("fpu sse2 avx2 amx_bf16 amx_tile", "bfloat16"),
+        ("fpu sse2 avx2 avx512f", "float32"),  # AVX-512 without bf16: float32 is faster
+    ],
+)
+def test_dtype_follows_the_cpu_flags(tmp_path: Path, flags: str, dtype: str) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert up.default_dtype(str(cpuinfo)) == dtype
+
+
+def test_no_cpuinfo_means_float32(tmp_path: Path) -> None:
+    assert up.default_dtype(str(tmp_path / "missing")) == "float32"
+
+
+def test_cores_are_shared_out_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert [up.threads_per_worker(n) for n in (1, 2, 3, 4, 8)] == [4, 2, 1, 1, 1]
+
+
+def test_explicit_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import argparse
+
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    up.add_cluster_flags(parser)
+    model = ["--model", str(tmp_path), "--pp", "1"]
+    args = parser.parse_args([*model, "--dtype", "float32", "--threads", "3"])
+    config = up.cluster_config(args, port=0)
+    assert (config.dtype, config.threads_per_worker) == ("float32", 3)
+    monkeypatch.setattr(up, "default_dtype", lambda: "bfloat16")
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    config = up.cluster_config(parser.parse_args(model), port=0)
+    assert (config.dtype, config.threads_per_worker) == ("bfloat16", 2)
