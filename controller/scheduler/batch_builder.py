@@ -39,6 +39,12 @@ class BatchBuilder:
         self.budget_tokens = scheduler.config.budget_tokens
         self.num_decodes = 0
         """Decodes add_decodes put in (as a block or as chunks)."""
+        config = scheduler.config
+        self.step_cost = config.step_cost if config.time_budget_s else None
+        """Set when the micro-batch is also budgeted in predicted time."""
+        self.predicted_s = self.step_cost.fixed_s if self.step_cost else 0.0
+        self.num_prompt_tokens = 0
+        """Tokens of prompt chunks (not decodes) in the micro-batch."""
 
     @property
     def budget_left(self) -> int:
@@ -69,9 +75,31 @@ class BatchBuilder:
         line)."""
         assert not self._decodes_added, "add_decodes called twice for one micro-batch"
         self._decodes_added = True
+        first_chunk = len(self.chunks)
         added = self._add_decodes(capped)
         self.num_decodes = added
+        if self.step_cost is not None and added:
+            # A decode at position q attends q + 1 keys.
+            contexts = sum(c.first_position + 1 for c in self.chunks[first_chunk:])
+            if self.decodes is not None:
+                contexts += int(self.decodes.positions.sum()) + len(self.decodes.seq_ids)
+            self.predicted_s += self.step_cost.decodes_s(added, contexts)
         return added
+
+    def _time_limited(self, first_position: int, limit: int) -> int:
+        """limit, or fewer tokens where the time budget ends first. The first prompt chunk of a
+        micro-batch gets at least a tile, so that prompts progress whatever the decodes cost."""
+        cost = self.step_cost
+        if cost is None or limit <= 0:
+            return limit
+        fits = cost.largest_chunk(first_position, self.time_budget_s - self.predicted_s, limit)
+        if self.num_prompt_tokens == 0:
+            fits = max(fits, min(limit, self._sched.config.tile_tokens))
+        return fits
+
+    @property
+    def time_budget_s(self) -> float:
+        return self._sched.config.time_budget_s
 
     def _add_decodes(self, capped: bool) -> int:
         sched = self._sched
@@ -293,6 +321,9 @@ class BatchBuilder:
                 sched.config.max_chunk_tokens(seq.num_computed_tokens),
                 self.budget_left,
             )
+            chunk = self._time_limited(seq.num_computed_tokens, chunk)
+            if chunk <= 0:
+                continue  # over the time budget; a prompt less far along may still fit
             self._add(seq, chunk, ())
             added += 1
         return added
@@ -311,6 +342,7 @@ class BatchBuilder:
             remaining = seq.num_tokens  # nothing is computed for a waiting sequence
             if chunked:
                 chunk = min(remaining, sched.config.max_chunk_tokens(0), self.budget_left)
+                chunk = self._time_limited(0, chunk)
                 if chunk <= 0:
                     break
             else:
@@ -347,6 +379,9 @@ class BatchBuilder:
                 sampling,
             )
         )
+        if self.step_cost is not None:
+            self.predicted_s += self.step_cost.chunk_s(start, num_tokens)
+        self.num_prompt_tokens += num_tokens
         seq.num_computed_tokens = end
         seq.num_inflight_batches += 1
         if seq.first_scheduled_time is None:

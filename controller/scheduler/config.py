@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controller.scheduler.errors import ConfigError
+from controller.scheduler.step_cost import StepCostModel
 
 POLICY_NAMES = ("sarathi", "vllm", "orca", "request_level", "chunked_only")
 # Policies that split prompts into chunks and so must keep every micro-batch within the budget.
@@ -64,6 +65,12 @@ class SchedulerConfig:
     """Optional shrinking chunks for sarathi: (computed_tokens_at_least, max_chunk_tokens) pairs,
     ascending; a prompt that has computed that many tokens gets chunks of at most that size, since
     attention over a long context makes each later chunk dearer."""
+    time_budget_s: float = 0.0
+    """Chunked policies: fill each micro-batch up to this predicted stage time (step_cost) as
+    well as up to budget_tokens; 0 (the default) budgets tokens only. Decodes are never held
+    back for it; prompts always get at least one tile per micro-batch, so they progress."""
+    step_cost: StepCostModel | None = None
+    """The stage's cost profile the time budget predicts with."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -102,6 +109,10 @@ class SchedulerConfig:
                     f"chunk sizes positive multiples of tile_tokens={self.tile_tokens}",
                 )
             previous = computed
+        if not (self.time_budget_s >= 0 and self.time_budget_s < float("inf")):
+            raise ConfigError("time_budget_s", self.time_budget_s, "seconds >= 0 (0: off)")
+        if self.time_budget_s and self.step_cost is None:
+            raise ConfigError("step_cost", None, "a StepCostModel when time_budget_s > 0")
 
     def max_chunk_tokens(self, num_computed_tokens: int) -> int:
         """Largest chunk a prompt may take next, given how far its prefill has come."""

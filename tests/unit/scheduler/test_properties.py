@@ -11,6 +11,7 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -212,6 +213,7 @@ def run(
     checker_out: list[Checker] | None = None,
     max_num_seqs: int = 8,
     pipeline_prefill_chunks: bool = True,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> list[tuple[object, ...]]:
     """Runs requests to the end, checking the scheduler's promises on the way; abort_steps:
     step -> index of a request to abort then; checker_out: gets the checker, for its counts.
@@ -229,6 +231,7 @@ def run(
         vector_decodes_from=vector_decodes_from,
         spread_decodes=spread_decodes,
         pipeline_prefill_chunks=pipeline_prefill_chunks,
+        **(config_overrides or {}),
     )
     checker = Checker(sched, chunked=policy in ("sarathi", "chunked_only"))
     if checker_out is not None:

@@ -6,7 +6,7 @@ import argparse
 
 from controller.simulator import GPUS, LINKS, MODELS
 from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
-from sarathictl.argtypes import float_above, int_at_least, one_of
+from sarathictl.argtypes import NumberOrName, float_above, int_at_least, one_of
 from sarathictl.bench.sim_run import SimSetup
 from sarathictl.bench.workloads import (
     PAPER_DATASETS,
@@ -50,6 +50,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         help="token budget of vllm/orca (0, the default: the longest request, as in vLLM)",
     )
     s.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
+    s.add_argument(
+        "--time-budget",
+        type=NumberOrName(float_above(0.0), ("auto",)),
+        default=0.0,
+        help="sarathi: also fill each micro-batch only up to this predicted stage time, seconds "
+        "(auto: what --budget tokens of a prompt's first chunk take); default: tokens only",
+    )
     s.add_argument(
         "--spread-decodes",
         action=argparse.BooleanOptionalAction,
@@ -109,6 +116,7 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         baseline_budget_tokens=args.baseline_budget,
         max_num_seqs=args.max_num_seqs,
         spread_decodes=args.spread_decodes,
+        time_budget=args.time_budget,
         orca_as_published=not args.orca_paged,
         workload=workload,
         profile_csv=args.profile,

@@ -15,6 +15,7 @@ from controller.simulator import (
     get_link,
     get_model,
 )
+from controller.simulator.step_cost_fit import fit_step_cost
 from sarathictl.bench.metrics import ServingMetrics, summarize
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
 
@@ -50,6 +51,10 @@ class SimSetup:
     """A measured profile instead of the analytic model (every stage costs what it says)."""
     spread_decodes: bool = True
     """With PP > 1, decodes divided among the micro-batches in flight (Scheduler)."""
+    time_budget: float | str = 0.0
+    """Chunked policies: also budget each micro-batch in predicted stage time: seconds, or
+    "auto" (the time budget_tokens of a prompt's first chunk take); 0: tokens only. The
+    prediction is a StepCostModel fitted to the cost model."""
 
     def with_policy(self, policy: str) -> SimSetup:
         return replace(self, policy=policy)
@@ -120,6 +125,14 @@ def prepare(setup: SimSetup) -> PreparedSim:
         max_num_seqs = max(1, min(max_num_seqs, deployment.kv_capacity_tokens // max_model_len))
         if not setup.baseline_budget_tokens:
             budget = max_model_len * max_num_seqs
+    step_cost, time_budget_s = None, 0.0
+    if setup.time_budget and setup.policy not in BASELINE_POLICIES:
+        step_cost = fit_step_cost(cost_model, budget, max_model_len)
+        time_budget_s = (
+            step_cost.fixed_s + step_cost.chunk_s(0, budget)
+            if setup.time_budget == "auto"
+            else float(setup.time_budget)
+        )
     scheduler_config = SchedulerConfig(
         policy=setup.policy,
         budget_tokens=budget,
@@ -127,6 +140,8 @@ def prepare(setup: SimSetup) -> PreparedSim:
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         pipeline_depth=setup.pp,
+        time_budget_s=time_budget_s,
+        step_cost=step_cost,
     )
     cache_config = CacheConfig(
         block_size=deployment.block_size, num_blocks=deployment.num_kv_blocks
