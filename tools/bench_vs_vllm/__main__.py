@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--vllm-bin", type=Path, default=Path(sys.executable).parent / "vllm")
     p.add_argument("--sarathictl", type=Path, default=REPO / ".venv/bin/sarathictl")
+    p.add_argument(
+        "--sarathi-budget", type=int, default=0, help="ours with this token budget (0: up's)"
+    )
     p.add_argument("--vllm-port", type=int, default=8100)
     p.add_argument("--sarathi-port", type=int, default=8200)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1)
@@ -76,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="5,25",
         help="TBT SLOs as multiples of vLLM's median TBT at the lowest rate (strict, relaxed)",
     )
-    p.add_argument("--tbt-slo-ms", type=float, default=0.0, help="a fixed TBT SLO instead")
+    p.add_argument("--tbt-slo-ms", default="", help="fixed TBT SLOs instead, ms, e.g. 115,574")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--report-only",
@@ -143,7 +146,7 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
             args.vllm_bin, args.model, args.model.name, args.vllm_port,
             args.vllm_kv_cache_gib, cpus,
         )  # fmt: skip
-    return sarathi_spec(args.sarathictl, args.model, args.sarathi_port)
+    return sarathi_spec(args.sarathictl, args.model, args.sarathi_port, args.sarathi_budget)
 
 
 def result_path(args: argparse.Namespace, system: str, workload: str, rate: float) -> Path:
@@ -166,7 +169,7 @@ def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:
     first-call cost (vLLM compiles graphs for new shapes; ours builds its kernels)."""
     command = bench_command(
         args.vllm_bin, spec.base_url, args.model.name, args.model, random_workload(64, 8),
-        math.inf, 4, args.seed + 1, None,
+        math.inf, 4, args.seed, None,
     )  # fmt: skip
     run_bench(command, args.results / "logs" / f"{spec.name}-warmup.log", {})
 
@@ -202,20 +205,24 @@ def run_system(
 
 
 def slos(args: argparse.Namespace, rows: list[Row]) -> dict[str, float]:
-    if args.tbt_slo_ms > 0:
-        return {"fixed": args.tbt_slo_ms}
+    """Named TBT SLOs in ms: fixed ones from --tbt-slo-ms, else multiples of vLLM's median TBT
+    at its lowest rate on the random workload (on the conversation one if that alone ran)."""
+    if args.tbt_slo_ms:
+        fixed = [float(v) for v in args.tbt_slo_ms.split(",") if v.strip()]
+        return {f"{_slo_name(i)} (fixed)": v for i, v in enumerate(fixed)}
     factors = [float(f) for f in args.slo_factors.split(",") if f.strip()]
-    names = ["strict", "relaxed", *[f"x{f:g}" for f in factors[2:]]]
-    # From vLLM's light-load decode step on the random workload (conversation if that alone ran)
     base = [r for r in rows if r.system == "vllm"]
-    random_rows = [r for r in base if r.workload.startswith("random")]
-    base = random_rows or base
+    base = [r for r in base if r.workload.startswith("random")] or base
     if not base:
         raise SystemExit("the SLO comes from vLLM's runs: run vllm too, or give --tbt-slo-ms")
     return {
-        f"{name} ({f:g}x)": slo_from_light_load(base, "vllm", f)
-        for name, f in zip(names, factors, strict=False)
+        f"{_slo_name(i)} ({f:g}x)": slo_from_light_load(base, "vllm", f)
+        for i, f in enumerate(factors)
     }
+
+
+def _slo_name(index: int) -> str:
+    return ("strict", "relaxed")[index] if index < 2 else f"slo{index + 1}"
 
 
 def machine() -> str:
@@ -252,7 +259,12 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         + "\n\nCapacity: the highest rate with P99 TBT (ITL) within the SLO and median TTFT "
         f"within {MAX_MEDIAN_TTFT_S:g} s, every lower rate passing too. SLOs: "
         + ", ".join(f"{n} {v:.0f} ms" for n, v in slo_ms.items())
-        + " (multiples of vLLM's median TBT at the lowest rate).\n\n"
+        + (
+            " (fixed)"
+            if args.tbt_slo_ms
+            else " (multiples of vLLM's median TBT at its lowest rate)"
+        )
+        + ".\n\n"
         + capacity_table(rows, slo_ms)
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )

@@ -9,7 +9,16 @@ from typing import Any
 
 from bench_vs_vllm.results import Row
 
-STYLES = {"vllm": ("tab:blue", "o"), "sarathi": ("tab:red", "s")}
+STYLES = {
+    "vllm": ("tab:blue", "o"),
+    "sarathi": ("tab:red", "s"),
+    "sarathi-budget": ("tab:orange", "D"),
+}
+
+
+def _style(system: str) -> tuple[str, str]:
+    """A system's colour and marker; `sarathi-budget<N>` shares one."""
+    return STYLES.get(system.rstrip("0123456789"), ("tab:gray", "^"))
 
 
 def _x(rate: float, finite_max: float) -> float:
@@ -42,7 +51,7 @@ def plot(rows: list[Row], out: Path, slos_ms: dict[str, float] | None = None) ->
         ticks = sorted({r.rate for r in mine}, key=lambda v: (math.isinf(v), v))
         for ax, panel in zip(row_axes, panels, strict=True):
             for system in sorted({r.system for r in mine}):
-                color, marker = STYLES.get(system, ("tab:gray", "^"))
+                color, marker = _style(system)
                 runs = sorted((r for r in mine if r.system == system), key=lambda r: r.rate)
                 xs = [_x(r.rate, finite_max) for r in runs]
                 for style, ys in _curves(runs, panel):

@@ -53,9 +53,10 @@ def vllm_spec(
     return ServerSpec("vllm", command, port, env)
 
 
-def sarathi_spec(sarathictl: Path, model: Path, port: int) -> ServerSpec:
+def sarathi_spec(sarathictl: Path, model: Path, port: int, budget: int = 0) -> ServerSpec:
     """`sarathictl up --local` with its default layout, bf16, the OpenAI API on `port`. The
-    served model name is the folder's name (as vLLM's --served-model-name is set to)."""
+    served model name is the folder's name (as vLLM's --served-model-name is set to). A
+    `budget` other than 0 replaces up's default token budget and names the system after it."""
     command = [
         str(sarathictl), "up", "--local",
         "--model", str(model),
@@ -64,6 +65,8 @@ def sarathi_spec(sarathictl: Path, model: Path, port: int) -> ServerSpec:
         "--http-port", str(port),
         "--no-restart",  # a worker that dies fails the run instead of hiding in it
     ]  # fmt: skip
+    if budget:
+        return ServerSpec(f"sarathi-budget{budget}", [*command, "--budget", str(budget)], port)
     return ServerSpec("sarathi", command, port)
 
 
