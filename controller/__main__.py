@@ -16,6 +16,7 @@ from controller.app import read_model_config, serve
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
+from controller.slo import choose_for_tbt_slo, parse_step_cost
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive,
         default=None,
         help="most running sequences (default: 128, at most the budget for chunked policies)",
+    )
+    p.add_argument(
+        "--step-cost",
+        default="",
+        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
+        help="the stage's cost profile (sarathictl bench stage prints it): with --time-budget "
+        "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="seconds of predicted stage time per micro-batch (needs --step-cost; 0: tokens only)",
+    )
+    p.add_argument(
+        "--tbt-slo",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
+        "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
+        "0: off)",
     )
     p.add_argument(
         "--max-model-len",
@@ -202,25 +224,44 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def scheduler_config(args: argparse.Namespace, max_model_len: int) -> SchedulerConfig:
+    """The flags' scheduler; in SLO mode (--tbt-slo) the budget, the time budget and the cap on
+    running sequences come from the cost profile instead (controller/slo.py)."""
+    step_cost = parse_step_cost(args.step_cost) if args.step_cost else None
+    if (args.tbt_slo or args.time_budget) and step_cost is None:
+        flag = "tbt_slo" if args.tbt_slo else "time_budget"
+        raise ConfigError(flag, args.tbt_slo or args.time_budget, "a --step-cost to predict with")
+    budget, time_budget_s, max_num_seqs = args.budget, args.time_budget, args.max_num_seqs
+    if args.tbt_slo:
+        assert step_cost is not None
+        choice = choose_for_tbt_slo(args.tbt_slo, step_cost, args.pp, args.tile, max_model_len)
+        logging.getLogger(__name__).info("SLO mode: %s", choice.describe())
+        budget, time_budget_s = choice.budget_tokens, choice.stage_time_s
+        max_num_seqs = min(max_num_seqs or choice.max_num_seqs, choice.max_num_seqs)
+    if max_num_seqs is None:
+        max_num_seqs = min(128, budget) if args.policy in CHUNKED_POLICIES else 128
+    return SchedulerConfig(
+        policy=args.policy,
+        budget_tokens=budget,
+        tile_tokens=args.tile,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        pipeline_depth=args.pp,
+        pipeline_prefill_chunks=not args.no_chunk_pipelining,
+        time_budget_s=time_budget_s,
+        step_cost=step_cost if time_budget_s else None,
+        tbt_slo_s=args.tbt_slo,
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     max_model_len = args.max_model_len
     if max_model_len is None:
         positions = read_model_config(args.model).get("max_position_embeddings")
         max_model_len = int(positions) if isinstance(positions, int) else 2048
-    max_num_seqs = args.max_num_seqs
-    if max_num_seqs is None:
-        max_num_seqs = min(128, args.budget) if args.policy in CHUNKED_POLICIES else 128
     return ControllerConfig(
         model_dir=args.model,
-        scheduler=SchedulerConfig(
-            policy=args.policy,
-            budget_tokens=args.budget,
-            tile_tokens=args.tile,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            pipeline_depth=args.pp,
-            pipeline_prefill_chunks=not args.no_chunk_pipelining,
-        ),
+        scheduler=scheduler_config(args, max_model_len),
         cache=CacheConfig(block_size=args.block_size),
         parallel=ParallelConfig(pp=args.pp, tp=args.tp),
         server=ServerConfig(

@@ -146,6 +146,9 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             tensor_parallel=pipeline.parallel.tp,
             num_steps=engine.num_steps,
             controller_busy_s_total=engine.overhead_s,
+            max_num_seqs=sched.config.max_num_seqs,
+            time_budget_s=sched.config.time_budget_s,
+            tbt_slo_s=sched.config.tbt_slo_s,
         )
     )
     stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None

@@ -71,6 +71,9 @@ class SchedulerConfig:
     back for it; prompts always get at least one tile per micro-batch, so they progress."""
     step_cost: StepCostModel | None = None
     """The stage's cost profile the time budget predicts with."""
+    tbt_slo_s: float = 0.0
+    """The P99 TBT target the budgets were chosen for (SLO mode, controller/slo.py), reported in
+    status; 0: none. The scheduler itself only follows the budgets."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
@@ -111,6 +114,8 @@ class SchedulerConfig:
             previous = computed
         if not (self.time_budget_s >= 0 and self.time_budget_s < float("inf")):
             raise ConfigError("time_budget_s", self.time_budget_s, "seconds >= 0 (0: off)")
+        if not self.tbt_slo_s >= 0:
+            raise ConfigError("tbt_slo_s", self.tbt_slo_s, "seconds >= 0 (0: none)")
         if self.time_budget_s and self.step_cost is None:
             raise ConfigError("step_cost", None, "a StepCostModel when time_budget_s > 0")
 

@@ -119,7 +119,7 @@ class StageStatus(_message.Message):
     def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
-    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total")
+    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,9 @@ class SchedulerStatus(_message.Message):
     TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_SLO_S_FIELD_NUMBER: _ClassVar[int]
     policy: str
     budget_tokens: int
     num_waiting: int
@@ -140,7 +143,10 @@ class SchedulerStatus(_message.Message):
     tensor_parallel: int
     num_steps: int
     controller_busy_s_total: float
-    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ...) -> None: ...
+    max_num_seqs: int
+    time_budget_s: float
+    tbt_slo_s: float
+    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ...) -> None: ...
 
 class LatencyStatus(_message.Message):
     __slots__ = ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s")

@@ -50,5 +50,5 @@ def test_bench_simulate_takes_a_time_budget(capsys: pytest.CaptureFixture[str]) 
     argv = ["bench", "simulate", "--model", "mistral-7b", "--num-requests", "32", "--qps", "2"]
     assert main([*argv, "--time-budget", "auto", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["metrics"]["num_requests"] == 32
-    assert main([*argv, "--time-budget", "-1"]) == 2
+    assert main([*argv, "--time-budget", "-1"]) == 2  # 0 (the default) is off
     assert "--time-budget" in capsys.readouterr().err

@@ -25,6 +25,9 @@ def test_bench_stage_reports_decode_and_prefill_points_and_the_floor(
     assert report["decode1_over_floor"] == pytest.approx(
         report["rows"][0]["step_ms"] / report["decode_floor_ms"]
     )
+    # the scheduler's cost profile, fitted to the points: --step-cost for the controller
+    fixed, per_token, per_attended = report["step_cost"]
+    assert fixed >= 0 and per_token > 0 and per_attended >= 0
 
 
 def test_random_shape_writes_a_loadable_checkpoint(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from controller.simulator import GPUS, LINKS, MODELS
 from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
-from sarathictl.argtypes import NumberOrName, float_above, int_at_least, one_of
+from sarathictl.argtypes import NumberOrName, float_above, float_in, int_at_least, one_of
 from sarathictl.bench.sim_run import SimSetup
 from sarathictl.bench.workloads import (
     PAPER_DATASETS,
@@ -52,7 +52,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
     s.add_argument(
         "--time-budget",
-        type=NumberOrName(float_above(0.0), ("auto",)),
+        type=NumberOrName(float_in(0.0, 3600.0), ("auto",)),
         default=0.0,
         help="sarathi: also fill each micro-batch only up to this predicted stage time, seconds "
         "(auto: what --budget tokens of a prompt's first chunk take); default: tokens only",

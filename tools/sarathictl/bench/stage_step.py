@@ -24,8 +24,10 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from controller.scheduler.step_cost import attended
 from sarathictl.argtypes import comma_list, device, int_at_least
 from stage_worker.attention import SeqSlice, make_backend
 from stage_worker.attention.base import build_metadata
@@ -289,6 +291,9 @@ class Report:
     prefill_ceiling_tokens_s: float | None
     """Matmul rate / linear FLOPs per token: no prefill can be faster."""
     rows: list[Row]
+    step_cost: tuple[float, float, float] | None = None
+    """The scheduler's StepCostModel fitted to the rows (fixed, per token, per attended pair),
+    for `--step-cost` of the controller and `sarathictl up` (whole model as one stage)."""
 
     @property
     def decode1_over_floor(self) -> float | None:
@@ -331,7 +336,30 @@ def make_report(
         matmul_tflop_s=None if rate is None else rate / 1e12,
         prefill_ceiling_tokens_s=None if rate is None else rate / linear_flops_per_token(model),
         rows=rows,
+        step_cost=fit_step_cost(rows, args.context_tokens),
     )
+
+
+def fit_step_cost(rows: list[Row], context_tokens: int) -> tuple[float, float, float] | None:
+    """Least squares of each point's best time against (1, tokens, attended pairs): a decode of
+    B sequences over c cached tokens attends B (c + 1) keys, a prefill of n tokens n (n + 1) / 2.
+    None without both kinds of point; a coefficient fitted negative is dropped."""
+    if len({r.kind for r in rows}) < 2 or len(rows) < 3:
+        return None
+    features, times = [], []
+    for r in rows:
+        pairs = r.tokens * (context_tokens + 1) if r.kind == "decode" else attended(0, r.tokens)
+        features.append((1.0, float(r.tokens), float(pairs)))
+        times.append(min(r.step_ms, r.graph_ms or r.step_ms) / 1e3)
+    x, y = np.array(features), np.array(times)
+    keep = [0, 1, 2]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0]
+    full = dict.fromkeys(range(3), 0.0) | {k: float(c) for k, c in zip(keep, coef, strict=True)}
+    return full[0], max(full[1], 1e-9), full[2]
 
 
 def print_report(r: Report) -> None:
@@ -361,6 +389,12 @@ def print_report(r: Report) -> None:
         print(
             f"matmul {r.matmul_tflop_s:.1f} TFLOP/s; prefill ceiling "
             f"{r.prefill_ceiling_tokens_s:,.0f} tokens/s (matmul rate / linear FLOPs per token)"
+        )
+    if r.step_cost is not None:
+        fixed, per_token, per_attended = r.step_cost
+        print(
+            f"step cost fit (whole model as one stage; a stage of a PP-stage pipeline costs "
+            f"about 1/PP of it): --step-cost {fixed:.3g},{per_token:.3g},{per_attended:.3g}"
         )
 
 

@@ -62,15 +62,21 @@ def render(status: generate_pb2.StatusResponse) -> Group:
             str(s.micro_batches_in_flight),
         )
     sc = status.scheduler
-    sched = Table(title="scheduler", title_justify="left")
+    title = "scheduler"
+    if sc.tbt_slo_s:
+        title += f" (budgets chosen for P99 TBT <= {sc.tbt_slo_s * 1e3:.0f} ms)"
+    sched = Table(title=title, title_justify="left")
     for column in ("policy", "budget", "PPxTP", "waiting", "running", "KV %", "preemptions"):
         sched.add_column(column, justify="right")
+    budget = str(sc.budget_tokens)
+    if sc.time_budget_s:
+        budget += f" / {sc.time_budget_s * 1e3:.0f} ms"
     sched.add_row(
         sc.policy or "-",
-        str(sc.budget_tokens),
+        budget,
         f"{sc.pipeline_depth}x{sc.tensor_parallel}",
         str(sc.num_waiting),
-        str(sc.num_running),
+        f"{sc.num_running}/{sc.max_num_seqs}" if sc.max_num_seqs else str(sc.num_running),
         f"{sc.kv_usage_pct:.1f}",
         str(sc.num_preemptions),
     )

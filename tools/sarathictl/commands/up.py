@@ -107,7 +107,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_cluster_flags(p)
     add_reliability_flags(p)
+    add_budget_flags(p)
     p.set_defaults(run=run)
+
+
+def add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """The controller's time budget and SLO mode (python -m controller --help)."""
+    p.add_argument(
+        "--step-cost",
+        default="",
+        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
+        help="a stage's cost profile (sarathictl bench stage prints it)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="predicted stage seconds per micro-batch (needs --step-cost; 0: tokens only)",
+    )
+    p.add_argument(
+        "--tbt-slo",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="SLO mode: budgets chosen to keep the predicted P99 TBT under this many seconds "
+        "(needs --step-cost; 0: off)",
+    )
+
+
+def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The controller flags of add_budget_flags that are set."""
+    flags: list[str] = []
+    if args.step_cost:
+        flags += ["--step-cost", args.step_cost]
+    if args.time_budget:
+        flags += ["--time-budget", str(args.time_budget)]
+    if args.tbt_slo:
+        flags += ["--tbt-slo", str(args.tbt_slo)]
+    return tuple(flags)
 
 
 def add_reliability_flags(p: argparse.ArgumentParser) -> None:
@@ -160,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     config = cluster_config(args, args.port, args.http_port or None)
-    config = dataclasses.replace(config, extra_controller_args=reliability_args(args))
+    extra = reliability_args(args) + budget_args(args)
+    config = dataclasses.replace(config, extra_controller_args=extra)
     cluster = LocalCluster(config)
     print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
     try:
