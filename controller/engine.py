@@ -75,6 +75,8 @@ class RequestHandle:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished: bool = False
+    num_streamed: int = 0
+    """Output tokens streamed so far (the engine streams them after applying them)."""
 
 
 class Engine:
@@ -102,6 +104,8 @@ class Engine:
         self._by_request_id: dict[str, RequestHandle] = {}
         self._next_seq_id = 1
         self._wake = asyncio.Event()
+        self._pending: list[tuple[float, list[Sequence]]] = []
+        """Results applied but not streamed yet: (time back, the sequences that got a token)."""
         self.num_steps = 0
         self.pipeline_up = True
         """False while a stage is down: nothing is scheduled until the pipeline is rebuilt."""
@@ -150,25 +154,48 @@ class Engine:
 
     # ---- pipeline side ----------------------------------------------------------------------
     def on_result(self, batch_id: int, sampled: dict[int, int]) -> None:
-        """Applies a micro-batch's sampled tokens and streams them to their requests."""
+        """Applies a micro-batch's sampled tokens to the scheduler. Streaming them (latency
+        records, detokenizing, stop strings, events) waits for `stream_pending`, which the loop
+        runs once the next micro-batches are on their way: the per-token work then overlaps the
+        stages' work instead of delaying stage 0's next plan."""
         start = time.thread_time()
         now = self.clock()
         self.last_progress_time = now
-        for seq in self.scheduler.on_result(batch_id, sampled, now):
-            handle = self._handles.get(seq.seq_id)
-            if handle is None:
-                continue
-            token_id = seq.output_token_ids[-1]
-            self._record_latency(handle, now, len(seq.prompt_token_ids))
-            text, hit_stop = handle.text.push(token_id)
-            if hit_stop and seq.finish_reason is None:
-                self.scheduler.abort(seq.seq_id, FinishReason.STOP)
-            if seq.finish_reason is not None:
-                self._finish(handle, seq, text, now, token_id, hit_stop)
-            else:
-                handle.events.put_nowait(StreamEvent(text, [token_id]))
+        updated = self.scheduler.on_result(batch_id, sampled, now)
+        if updated:
+            self._pending.append((now, updated))
         self.overhead_s += time.thread_time() - start
         self._wake.set()
+
+    def stream_pending(self) -> None:
+        """Streams the tokens of every result applied since the last call, in order."""
+        if not self._pending:
+            return
+        start = time.thread_time()
+        pending, self._pending = self._pending, []
+        handles = self._handles
+        for now, seqs in pending:
+            for seq in seqs:
+                handle = handles.get(seq.seq_id)
+                if handle is None:
+                    continue  # aborted, or ended by an earlier token's stop string
+                # Each pending entry holds one token of each of its sequences, in order; a later
+                # result may have appended more since, so the handle counts what it streamed.
+                outputs = seq.output_token_ids
+                index = handle.num_streamed
+                token_id = outputs[index]
+                handle.num_streamed = index + 1
+                last = index == len(outputs) - 1 and seq.finish_reason is not None
+                self._record_latency(handle, now, len(seq.prompt_token_ids))
+                text, hit_stop = handle.text.push(token_id)
+                if hit_stop and not last:
+                    self.scheduler.abort(seq.seq_id, FinishReason.STOP)
+                    self._wake.set()  # its KV blocks are free for others
+                if hit_stop or last:
+                    self._finish(handle, seq, text, now, token_id, hit_stop)
+                else:
+                    handle.events.put_nowait(StreamEvent(text, [token_id]))
+        self.overhead_s += time.thread_time() - start
 
     def _record_latency(self, handle: RequestHandle, now: float, num_prompt_tokens: int) -> None:
         if handle.first_token_time is None:
@@ -267,6 +294,7 @@ class Engine:
                 await self.pipeline.submit(batch)
                 self.num_steps += 1
             self.overhead_s += time.thread_time() - start
+            self.stream_pending()
             self.work.mark(self.clock(), self.scheduler.has_unfinished)
             if self.metrics:
                 self.metrics.on_scheduler_state(self.scheduler)

@@ -39,7 +39,7 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
         columns.new_block_at.extend(block.new_block_at)
         columns.new_block_ids.extend(block.new_block_ids)
         if with_token_ids:
-            columns.token_ids.extend(block.input_tokens())
+            columns.token_ids.extend(block.tokens)
     return plan
 
 

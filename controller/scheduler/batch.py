@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -12,9 +11,6 @@ from controller.scheduler.sequence import SamplingParams
 
 if TYPE_CHECKING:
     import numpy.typing as npt
-
-_prompt_of = attrgetter("prompt_token_ids")
-_output_of = attrgetter("output_token_ids")
 
 
 class ScheduledChunk(NamedTuple):
@@ -56,14 +52,8 @@ class DecodeBlock(NamedTuple):
     """Indices (into the columns) of the decodes that cross into a new KV block, ascending."""
     new_block_ids: list[int]
     """The block each of those appends, in the same order."""
-
-    def input_tokens(self) -> list[int]:
-        """Each decode's input token: the last one its sequence knew when it was scheduled (C-level
-        maps, not a Python loop: this runs for every decode of every micro-batch encoded)."""
-        seqs = self.seqs.tolist()
-        num_prompt = np.fromiter(map(len, map(_prompt_of, seqs)), np.int64, len(seqs))
-        output_index = (self.positions - num_prompt).tolist()
-        return list(map(list.__getitem__, map(_output_of, seqs), output_index))
+    tokens: list[int]
+    """Each decode's input token (its sequence's last one when the block was built)."""
 
 
 class MicroBatch:
@@ -114,10 +104,10 @@ class MicroBatch:
             return self._chunks
         if self._all is not None:
             return self._all
-        # Built with C-level maps, not a Python loop: this runs for every decode of every
-        # micro-batch that is encoded for the wire or costed by the simulator.
+        # Built with C-level maps, not a Python loop (tests and tools read them; the wire and
+        # the simulator read the columns).
         num = len(block.seq_ids)
-        tokens = block.input_tokens()
+        tokens = block.tokens
         new_block_ids: list[tuple[int, ...]] = [()] * num
         for i, block_id in zip(block.new_block_at, block.new_block_ids, strict=True):
             new_block_ids[i] = (block_id,)

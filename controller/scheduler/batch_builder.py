@@ -175,6 +175,7 @@ class BatchBuilder:
             roster.seqs[slots],
             crossing.tolist(),
             new_block_ids,
+            roster.last_token[slots].tolist(),
         )
         self.decodes_at = len(self.chunks)
         self.num_tokens += len(slots)

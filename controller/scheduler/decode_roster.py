@@ -33,6 +33,7 @@ _COUNTERS = (
     ("kv_capacity", "q", np.int64),  # tokens the KV blocks hold: len(block_ids) * block_size
     ("last_token_time", "d", np.float64),
     ("passes", "q", np.int64),  # micro-batches that passed over its ready decode (PP > 1)
+    ("last_token", "q", np.int64),  # output_token_ids[-1]: a decode's input token, for the wire
 )
 
 
@@ -89,6 +90,8 @@ class DecodeRoster:
     py_last_token_time: array[float]
     passes: IntArray
     py_passes: array[int]
+    last_token: IntArray
+    py_last_token: array[int]
 
     # ---- membership -----------------------------------------------------------------------
     def join(self, seq: Sequence, admit_no: int) -> None:
@@ -107,6 +110,7 @@ class DecodeRoster:
         last = seq._last_token_time
         self.py_last_token_time[slot] = 0.0 if last is None else last
         self.py_passes[slot] = 0
+        self.py_last_token[slot] = seq.output_token_ids[-1]
         self.id_objs[slot] = seq.seq_id
         self.seqs[slot] = seq
         self.outputs[slot] = seq.output_token_ids
@@ -198,6 +202,7 @@ class DecodeRoster:
             assert self.num_tokens[slot] == seq.num_tokens, seq
             assert 0 <= seq.num_tokens - self.computed[slot] <= 1, seq
             assert self.outputs[slot] is seq.output_token_ids and seq.output_token_ids, seq
+            assert self.last_token[slot] == seq.output_token_ids[-1], seq
             assert self.block_lists[slot] is seq.block_ids, seq
             assert self.kv_capacity[slot] == len(seq.block_ids) * self.block_size, seq
             assert self.max_num_tokens[slot] == len(seq.prompt_token_ids) + seq.max_tokens, seq

@@ -166,7 +166,7 @@ class Scheduler:
         live = self._live
         roster = self.roster
         inflight, num_tokens = roster.py_inflight, roster.py_num_tokens
-        last_token_time = roster.py_last_token_time
+        last_token_time, last_token = roster.py_last_token_time, roster.py_last_token
         for chunk in chunks:
             seq_id = chunk.seq_id
             seq = live.get(seq_id)
@@ -187,6 +187,7 @@ class Scheduler:
                 raise ValueError(f"micro-batch {batch_id} returned no token for sequence {seq_id}")
             seq.output_token_ids.append(token_id)
             num_tokens[slot] += 1
+            last_token[slot] = token_id
             last_token_time[slot] = now
             self._finish_if_last(seq, token_id)
             updated.append(seq)
@@ -259,6 +260,7 @@ class Scheduler:
                 raise AssertionError("unreachable: a token was missing") from None
         roster.inflight[slots] -= 1
         deque(map(list.append, roster.outputs[slots], tokens), 0)
+        roster.last_token[slots] = tokens
         num_tokens = roster.num_tokens[slots] + 1
         roster.num_tokens[slots] = num_tokens
         roster.last_token_time[slots] = now

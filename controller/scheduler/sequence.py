@@ -179,6 +179,7 @@ class Sequence:
         roster = self._roster
         if roster is not None:
             roster.py_num_tokens[self._slot] += 1
+            roster.py_last_token[self._slot] = token_id
 
     @property
     def is_decoding(self) -> bool:

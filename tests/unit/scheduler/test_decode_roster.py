@@ -113,8 +113,9 @@ def test_stop_ids_are_the_union_of_the_members() -> None:
 def test_decode_block_chunks_are_built_in_micro_batch_order() -> None:
     a, b = _decoding_seq(1), _decoding_seq(2, prompt_len=5)
     block = DecodeBlock(
-        np.array([0, 1]), 0, [1, 2], np.array([3, 5]), np.array([a, b], object), [1], [42]
-    )
+        np.array([0, 1]), 0, [1, 2], np.array([3, 5]), np.array([a, b], object), [1], [42],
+        [101, 102],
+    )  # fmt: skip
     prefill = ScheduledChunk(7, 0, 4, False, (3,), [1, 2, 3, 4], None)
     sampled = ScheduledChunk(8, 4, 2, True, (), [5, 6], None)
     batch = MicroBatch(3, [prefill, sampled], [9], 8, block, decodes_at=1)
