@@ -46,3 +46,13 @@ def test_explicit_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     config = up.cluster_config(parser.parse_args(model), port=0)
     assert (config.dtype, config.threads_per_worker) == ("bfloat16", 2)
+
+
+def test_budget_flags_reach_the_controller() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    up.add_budget_flags(parser)
+    assert up.budget_args(parser.parse_args([])) == ()
+    args = parser.parse_args(["--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5"])
+    assert up.budget_args(args) == ("--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5")
