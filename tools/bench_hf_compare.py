@@ -36,8 +36,22 @@ def _p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
-def run_ours(model: str, requests: list[SimRequest], seed: int, budget: int) -> dict[str, float]:
-    config = LocalClusterConfig(model_dir=model, pp=2, port=0, budget_tokens=budget)
+def run_ours(
+    model: str,
+    requests: list[SimRequest],
+    seed: int,
+    budget: int,
+    dtype: str = "float32",
+    max_num_seqs: int = 0,
+) -> dict[str, float]:
+    config = LocalClusterConfig(
+        model_dir=model,
+        pp=2,
+        port=0,
+        budget_tokens=budget,
+        dtype=dtype,
+        max_num_seqs=max_num_seqs,
+    )
     with LocalCluster(config) as cluster:
         asyncio.run(replay(cluster.addr, requests[:2], seed=seed + 1))  # warm-up
         run = asyncio.run(replay(cluster.addr, requests, seed=seed))
@@ -52,7 +66,9 @@ def run_ours(model: str, requests: list[SimRequest], seed: int, budget: int) -> 
     }
 
 
-def run_hf(model: str, requests: list[SimRequest], seed: int) -> dict[str, float | str]:
+def run_hf(
+    model: str, requests: list[SimRequest], seed: int, dtype: str = "float32"
+) -> dict[str, float | str]:
     """transformers' continuous batching (`generate_batch`) where the model's attention supports
     it, else one padded batched `generate`: what a user of this machine would run instead."""
     from transformers import AutoModelForCausalLM
@@ -60,7 +76,7 @@ def run_hf(model: str, requests: list[SimRequest], seed: int) -> dict[str, float
     torch.set_num_threads(2)
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(1, PROMPT_ID_LIMIT, r.num_prompt_tokens).tolist() for r in requests]
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     # One output length for all (generate_batch takes one config): the workload makes it so.
     max_new = requests[0].num_output_tokens
     timed = _hf_generate_batch(hf, prompts, max_new)
@@ -145,12 +161,14 @@ def main() -> None:
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="both sides")
+    p.add_argument("--max-num-seqs", type=int, default=0, help="ours (0: the controller default)")
     args = p.parse_args()
     spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
     trace = scale_requests(make_requests(spec, 1.0), args.scale, 0)
     requests = [SimRequest(0.0, r.num_prompt_tokens, args.output_tokens) for r in trace]
-    ours = run_ours(args.model, requests, args.seed, args.budget)
-    hf = run_hf(args.model, requests, args.seed)
+    ours = run_ours(args.model, requests, args.seed, args.budget, args.dtype, args.max_num_seqs)
+    hf = run_hf(args.model, requests, args.seed, args.dtype)
     print(json.dumps({"model": Path(args.model).name, "requests": len(requests),
                       "ours_pp2": ours, "hf": hf}, indent=2))  # fmt: skip
 
