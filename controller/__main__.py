@@ -98,27 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="most running sequences (default: 128, at most the budget for chunked policies)",
     )
-    p.add_argument(
-        "--step-cost",
-        default="",
-        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
-        help="the stage's cost profile (sarathictl bench stage prints it): with --time-budget "
-        "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
-    )
-    p.add_argument(
-        "--time-budget",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="seconds of predicted stage time per micro-batch (needs --step-cost; 0: tokens only)",
-    )
-    p.add_argument(
-        "--tbt-slo",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
-        "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
-        "0: off)",
-    )
+    add_budget_flags(p)
     p.add_argument(
         "--max-model-len",
         type=int_at_least(2),
@@ -221,6 +201,31 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--auth-token-file", default="", help="bearer tokens, one per line (gRPC and HTTP API)"
+    )
+
+
+def add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """The time budget and SLO mode (`sarathictl up` takes the same flags and passes them on)."""
+    p.add_argument(
+        "--step-cost",
+        default="",
+        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
+        help="the stage's cost profile (sarathictl bench stage prints it): with --time-budget "
+        "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="seconds of predicted stage time per micro-batch (needs --step-cost; 0: tokens only)",
+    )
+    p.add_argument(
+        "--tbt-slo",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
+        "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
+        "0: off)",
     )
 
 

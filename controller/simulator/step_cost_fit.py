@@ -50,12 +50,22 @@ def fit_step_cost(cost_model: CostModel, max_tokens: int, max_context: int) -> S
         ]
     )
     times = np.array([max(cost_model.micro_batch_cost(b).stage_times_s) for b in batches])
-    keep = [0, 1, 2]
+    fixed, per_token, per_attended = nonnegative_fit(features, times)
+    if per_token == 0:
+        per_token = float(times.mean() / features[:, 1].mean())
+    return StepCostModel(fixed, per_token, per_attended)
+
+
+def nonnegative_fit(features: np.ndarray, times: np.ndarray) -> list[float]:
+    """Least squares of times against the feature columns, every coefficient >= 0: a column the
+    fit makes negative is dropped (its coefficient 0) and the rest refitted."""
+    keep = list(range(features.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(features[:, keep], times, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0]
-    full = dict.fromkeys(range(3), 0.0) | dict(zip(keep, np.maximum(coef, 0.0), strict=True))
-    per_token = full[1] if full[1] > 0 else float(times.mean() / features[:, 1].mean())
-    return StepCostModel(float(full[0]), float(per_token), float(full[2]))
+    full = [0.0] * features.shape[1]
+    for k, c in zip(keep, coef, strict=True):
+        full[k] = max(float(c), 0.0)
+    return full

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from controller.scheduler.step_cost import attended
+from controller.simulator.step_cost_fit import nonnegative_fit
 from sarathictl.argtypes import comma_list, device, int_at_least
 from stage_worker.attention import SeqSlice, make_backend
 from stage_worker.attention.base import build_metadata
@@ -351,15 +352,8 @@ def fit_step_cost(rows: list[Row], context_tokens: int) -> tuple[float, float, f
         pairs = r.tokens * (context_tokens + 1) if r.kind == "decode" else attended(0, r.tokens)
         features.append((1.0, float(r.tokens), float(pairs)))
         times.append(min(r.step_ms, r.graph_ms or r.step_ms) / 1e3)
-    x, y = np.array(features), np.array(times)
-    keep = [0, 1, 2]
-    while True:
-        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-        if (coef >= 0).all() or len(keep) == 1:
-            break
-        keep = [k for k, c in zip(keep, coef, strict=True) if c >= 0]
-    full = dict.fromkeys(range(3), 0.0) | {k: float(c) for k, c in zip(keep, coef, strict=True)}
-    return full[0], max(full[1], 1e-9), full[2]
+    fixed, per_token, per_attended = nonnegative_fit(np.array(features), np.array(times))
+    return fixed, max(per_token, 1e-9), per_attended
 
 
 def print_report(r: Report) -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
 from sarathictl.argtypes import float_in, int_at_least, port
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
@@ -109,29 +110,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_reliability_flags(p)
     add_budget_flags(p)
     p.set_defaults(run=run)
-
-
-def add_budget_flags(p: argparse.ArgumentParser) -> None:
-    """The controller's time budget and SLO mode (python -m controller --help)."""
-    p.add_argument(
-        "--step-cost",
-        default="",
-        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
-        help="a stage's cost profile (sarathictl bench stage prints it)",
-    )
-    p.add_argument(
-        "--time-budget",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="predicted stage seconds per micro-batch (needs --step-cost; 0: tokens only)",
-    )
-    p.add_argument(
-        "--tbt-slo",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="SLO mode: budgets chosen to keep the predicted P99 TBT under this many seconds "
-        "(needs --step-cost; 0: off)",
-    )
 
 
 def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
