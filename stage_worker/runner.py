@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
@@ -18,7 +18,7 @@ from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import StageModel
-from stage_worker.sampler import SamplingSpec, make_generator, sample
+from stage_worker.sampler import SamplingSpec, sample
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ class SeqState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling: SamplingSpec
-    generator: torch.Generator | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -73,8 +72,7 @@ class StageRunner:
                 spec = SamplingSpec(
                     s.sampling.temperature, s.sampling.top_p, s.sampling.top_k, s.sampling.seed
                 )
-                gen = make_generator(spec.seed, device) if self.model.shard.is_last else None
-                self.seqs[s.seq_id] = SeqState([], 0, spec, gen)
+                self.seqs[s.seq_id] = SeqState([], 0, spec)
         step = _StepBuilder(self.seqs, self.model.shard.is_first)
         at = plan.decodes_at
         step.add_seqs(plan.seqs[:at])
@@ -173,9 +171,9 @@ class StageRunner:
     def sample(self, step: PreparedStep, logits: torch.Tensor) -> list[tuple[int, int]]:
         """-> (seq_id, token_id) in plan order."""
         states = [self.seqs[i] for i in step.sample_seq_ids]
-        gens = [s.generator for s in states]
-        assert all(g is not None for g in gens), "generators live on the last stage"
-        tokens = sample(logits, [s.sampling for s in states], gens)  # type: ignore[arg-type]
+        # The sampled token's position: right after the tokens this step computed.
+        positions = [s.num_computed_tokens for s in states]
+        tokens = sample(logits, [s.sampling for s in states], positions)
         return list(zip(step.sample_seq_ids, tokens, strict=True))
 
 

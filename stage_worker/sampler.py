@@ -1,6 +1,10 @@
-"""Next-token sampling on the last stage: greedy, temperature, top-k, top-p. Each sequence owns a
-torch.Generator seeded once from its request's seed and advanced one draw per token, so a seed
-gives the same tokens whatever else shares the batch."""
+"""Next-token sampling on the last stage: greedy, temperature, top-k, top-p.
+
+Replayable: the random draw for the token at position i of a sequence depends only on its
+request's seed and i (a counter-based hash, SplitMix64, turned into a uniform number that picks a
+token by inverse CDF). No generator state is carried from step to step, so a sequence draws the
+same tokens whatever shares its batch, however often it is recomputed (a preemption, a rebuilt
+pipeline), and at any PP or TP."""
 
 from __future__ import annotations
 
@@ -22,10 +26,17 @@ class SamplingSpec:
         return self.temperature <= 0.0
 
 
-def make_generator(seed: int, device: str) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
+_MASK64 = (1 << 64) - 1
+
+
+def uniform(seed: int, position: int) -> float:
+    """A number in [0, 1) that is a function of (seed, position) alone: SplitMix64's output for
+    the position-th step of the stream that seed starts, its top 53 bits as a double."""
+    x = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return (x >> 11) * 2.0**-53
 
 
 def filtered_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -44,14 +55,20 @@ def filtered_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
-def sample(
-    logits: torch.Tensor, specs: list[SamplingSpec], generators: list[torch.Generator]
-) -> list[int]:
-    """logits: [n, vocab] float32, one row per sequence -> n token ids."""
+def draw(probs: torch.Tensor, u: float) -> int:
+    """The token whose share of the cumulative distribution holds u (probs: [vocab]); a token of
+    probability 0 never comes out."""
+    cdf = torch.cumsum(probs.double(), dim=0)  # float64: the same boundaries at any batch
+    index = int(torch.searchsorted(cdf, cdf[-1] * u, right=True))
+    return min(index, probs.shape[0] - 1)
+
+
+def sample(logits: torch.Tensor, specs: list[SamplingSpec], positions: list[int]) -> list[int]:
+    """logits: [n, vocab] float32, one row per sequence; positions: where each sampled token
+    goes in its sequence -> n token ids."""
     tokens = logits.argmax(dim=-1).tolist()
-    for row, (spec, gen) in enumerate(zip(specs, generators, strict=True)):
+    for row, (spec, position) in enumerate(zip(specs, positions, strict=True)):
         if spec.greedy:
             continue
-        probs = filtered_probs(logits[row], spec)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=gen).item())
+        tokens[row] = draw(filtered_probs(logits[row], spec), uniform(spec.seed, position))
     return tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stage_worker.sampler import SamplingSpec, filtered_probs, make_generator, sample
+from stage_worker.sampler import SamplingSpec, filtered_probs, sample
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,29 +30,27 @@ def test_filtered_probs_on_cuda_equal_the_cpu(spec: SamplingSpec) -> None:
     )
 
 
-def test_a_seed_repeats_its_tokens_on_cuda_whatever_shares_the_batch() -> None:
-    rows = torch.stack([logits(seed=i) for i in range(4)]).cuda()
+def test_cuda_draws_equal_the_cpu_draws_for_a_seed() -> None:
+    """A draw depends on (seed, position) and the probabilities alone: the GPU's tokens are the
+    CPU's, whatever shares the batch."""
+    rows = torch.stack([logits(seed=i) for i in range(4)])
     spec = SamplingSpec(0.9, top_p=0.95, seed=7)
-
-    def draw(batch: torch.Tensor, steps: int = 20) -> list[int]:
-        gens = [make_generator(spec.seed, "cuda") for _ in range(batch.shape[0])]
-        return [sample(batch, [spec] * batch.shape[0], gens)[0] for _ in range(steps)]
-
-    alone = draw(rows[:1])
-    assert draw(rows) == alone  # the first row's stream does not depend on the others
-    assert len(set(alone)) > 1  # and it is sampled, not greedy
-    greedy = sample(rows, [SamplingSpec()] * 4, [make_generator(0, "cuda")] * 4)
-    top1 = sample(rows, [SamplingSpec(1.0, top_k=1)] * 4, [make_generator(1, "cuda")] * 4)
+    for position in range(20):
+        positions = [position, 3, 9, 1]
+        on_cuda = sample(rows.cuda(), [spec] * 4, positions)
+        assert on_cuda == sample(rows, [spec] * 4, positions)
+        assert on_cuda[0] == sample(rows[:1].cuda(), [spec], [position])[0]
+    greedy = sample(rows.cuda(), [SamplingSpec()] * 4, [0] * 4)
+    top1 = sample(rows.cuda(), [SamplingSpec(1.0, top_k=1)] * 4, [5] * 4)
     assert greedy == top1 == rows.argmax(-1).tolist()
 
 
 def test_cuda_draws_follow_the_filtered_distribution() -> None:
     x = logits(vocab=8, seed=3).cuda()
-    spec = SamplingSpec(1.0, top_k=5)
+    spec = SamplingSpec(1.0, top_k=5, seed=11)
     probs = filtered_probs(x, spec)
-    gen = make_generator(11, "cuda")
     n = 20_000
-    draws = torch.multinomial(probs, n, replacement=True, generator=gen)
-    freq = torch.bincount(draws, minlength=8).float() / n
-    assert (freq[probs == 0] == 0).all()  # nothing outside the top 5
-    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)  # ~4 standard deviations
+    tokens = torch.tensor([sample(x[None], [spec], [i])[0] for i in range(n)])
+    freq = torch.bincount(tokens, minlength=8).float() / n
+    assert (freq[probs.cpu() == 0] == 0).all()  # nothing outside the top 5
+    torch.testing.assert_close(freq, probs.cpu(), atol=0.015, rtol=0)  # ~4 standard deviations

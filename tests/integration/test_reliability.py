@@ -104,9 +104,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             proc.wait(timeout=60)
 
 
-def greedy_stream(cluster: Cluster, prompt: list[int], max_tokens: int) -> list[int]:
+def greedy_stream(
+    cluster: Cluster,
+    prompt: list[int],
+    max_tokens: int,
+    sampling: generate_pb2.SamplingParams | None = None,
+) -> list[int]:
+    """The token ids of one stream (greedy unless sampling is given)."""
     request = generate_pb2.GenerateRequest(
-        prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True
+        prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True, sampling=sampling
     )
     responses = list(cluster.stub.Generate(request, timeout=120))
     assert responses[-1].finish_reason == generate_pb2.FINISH_REASON_LENGTH
@@ -182,11 +188,17 @@ def test_a_hung_stage_turns_health_not_serving_and_status_names_it(cluster: Clus
 def test_y_killed_stage_recovers_and_every_stream_equals_an_undisturbed_run(
     cluster: Cluster,
 ) -> None:
-    prompts = [[5, 17, 33, 80, 101, 7, 9], list(range(40, 90)), [250, 3, 3, 3]]
+    prompts = [[5, 17, 33, 80, 101, 7, 9], list(range(40, 90)), [250, 3, 3, 3], [9, 8, 7, 6]]
     max_tokens = 120
-    undisturbed = [greedy_stream(cluster, p, max_tokens) for p in prompts]
+    # The last stream samples (temperature 0.8, top-p 0.9): its draws depend on its seed and
+    # positions alone, so the recompute after the rebuild draws them again the same.
+    sampled = generate_pb2.SamplingParams(temperature=0.8, top_p=0.9, seed=77)
+    kinds = [None, None, None, sampled]
+    work = list(zip(prompts, kinds, strict=True))
+    undisturbed = [greedy_stream(cluster, p, max_tokens, k) for p, k in work]
+    assert undisturbed[3] != greedy_stream(cluster, prompts[3], max_tokens)  # it does sample
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(greedy_stream, cluster, p, max_tokens) for p in prompts]
+        futures = [pool.submit(greedy_stream, cluster, p, max_tokens, k) for p, k in work]
         wait_until(lambda: cluster.status().scheduler.num_running == len(prompts), 20, "running")
         time.sleep(0.3)  # tokens are streaming
         killed_at = time.monotonic()

@@ -9,7 +9,14 @@ from pathlib import Path
 import torch
 
 from controller.executor.plan_codec import encode_plan
-from controller.scheduler import CacheConfig, RequestParams, Scheduler, SchedulerConfig
+from controller.scheduler import (
+    CacheConfig,
+    RequestParams,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+from controller.scheduler.scheduler import VECTOR_DECODES_FROM
 from stage_worker.attention import make_backend
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
@@ -67,11 +74,13 @@ def generate(
     budget_tokens: int = 32,
     tile_tokens: int = 8,
     vector_decodes_from: int | None = None,
+    sampling: SamplingParams | None = None,
 ) -> Outcome:
-    """Runs the prompts to max_tokens tokens each (greedy). Up to pp micro-batches are scheduled
-    before any result returns, as in a real pipeline, then each passes through every stage in
-    order; logits of every sampled position are kept for comparison. vector_decodes_from: the
-    scheduler's threshold for sending decodes as packed columns (1: always)."""
+    """Runs the prompts to max_tokens tokens each. Up to pp micro-batches are scheduled before any
+    result returns, as in a real pipeline, then each passes through every stage in order; logits
+    of every sampled position are kept for comparison. vector_decodes_from: the scheduler's
+    threshold for sending decodes as packed columns (1: always); sampling: greedy when None,
+    else these parameters with the seed plus the request's index."""
     pp = len(runners)
     cache = runners[0].kv_cache
     scheduler = Scheduler(
@@ -82,10 +91,16 @@ def generate(
             pipeline_depth=pp,
         ),
         CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
-        **({} if vector_decodes_from is None else {"vector_decodes_from": vector_decodes_from}),
+        VECTOR_DECODES_FROM if vector_decodes_from is None else vector_decodes_from,
     )
     for seq_id, prompt in enumerate(prompts):
-        scheduler.add_request(seq_id, prompt, RequestParams(max_tokens=max_tokens), now=0.0)
+        params = RequestParams(max_tokens=max_tokens)
+        if sampling is not None:  # each request its own seed: the base seed plus its index
+            seeded = SamplingParams(
+                sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed + seq_id
+            )
+            params = RequestParams(max_tokens=max_tokens, sampling=seeded)
+        scheduler.add_request(seq_id, prompt, params, now=0.0)
     out = Outcome({i: [] for i in range(len(prompts))})
     now = 0.0
     while scheduler.has_unfinished:

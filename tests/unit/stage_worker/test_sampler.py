@@ -1,28 +1,27 @@
-"""Sampling as a user sees it: greedy picks the top token, a seed replays the same tokens, top-k
-and top-p never return a token outside their set."""
+"""Sampling as a user sees it: greedy picks the top token, a seed replays the same tokens (a
+token's draw depends on the seed and its position alone), the draws follow the distribution, and
+top-k and top-p never return a token outside their set."""
 
 from __future__ import annotations
 
 import torch
 
-from stage_worker.sampler import SamplingSpec, filtered_probs, make_generator, sample
+from stage_worker.sampler import SamplingSpec, filtered_probs, sample, uniform
 
 
 def make_logits(vocab: int = 50, seed: int = 0) -> torch.Tensor:
     return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
 
 
-def draw(spec: SamplingSpec, logits: torch.Tensor, n: int) -> list[int]:
-    """n tokens from one sequence's generator, one draw per step, as the last stage does."""
-    gen = make_generator(spec.seed, "cpu")
-    return [sample(logits[None], [spec], [gen])[0] for _ in range(n)]
+def draw(spec: SamplingSpec, logits: torch.Tensor, n: int, first: int = 0) -> list[int]:
+    """The tokens at positions first .. first + n - 1 of one sequence, one step each."""
+    return [sample(logits[None], [spec], [first + i])[0] for i in range(n)]
 
 
 def test_greedy_returns_the_argmax_of_each_row() -> None:
     logits = torch.stack([make_logits(seed=s) for s in range(4)])
     specs = [SamplingSpec()] * 4
-    gens = [make_generator(0, "cpu") for _ in range(4)]
-    assert sample(logits, specs, gens) == logits.argmax(dim=-1).tolist()
+    assert sample(logits, specs, [0, 5, 9, 2]) == logits.argmax(dim=-1).tolist()
 
 
 def test_same_seed_gives_the_same_tokens_and_another_seed_differs() -> None:
@@ -36,13 +35,39 @@ def test_a_sequence_draws_the_same_whatever_shares_its_batch() -> None:
     logits = make_logits()
     spec = SamplingSpec(temperature=1.0, seed=7)
     alone = draw(spec, logits, 10)
-    gen, other_gen = make_generator(7, "cpu"), make_generator(8, "cpu")
     other = SamplingSpec(temperature=1.0, seed=8)
     shared = [
-        sample(torch.stack([make_logits(seed=5), logits]), [other, spec], [other_gen, gen])[1]
-        for _ in range(10)
+        sample(torch.stack([make_logits(seed=5), logits]), [other, spec], [100 + i, i])[1]
+        for i in range(10)
     ]
     assert shared == alone
+
+
+def test_a_recomputed_token_is_the_same_token() -> None:
+    """The draw at a position does not depend on the draws before it: a sequence recomputed
+    after a preemption (or a rebuilt pipeline) samples position 17 as it did the first time."""
+    logits = make_logits()
+    spec = SamplingSpec(temperature=1.2, top_p=0.9, seed=2024)
+    first_time = draw(spec, logits, 30)
+    assert draw(spec, logits, 13, first=17) == first_time[17:]
+
+
+def test_uniform_depends_on_seed_and_position_and_spreads_evenly() -> None:
+    values = [uniform(42, i) for i in range(20_000)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    assert uniform(42, 7) == values[7] and uniform(43, 7) != values[7]
+    counts = torch.histc(torch.tensor(values), bins=10, min=0.0, max=1.0)
+    assert ((counts - 2000).abs() < 200).all()  # about 4.5 standard deviations per bin
+
+
+def test_draws_follow_the_filtered_distribution() -> None:
+    logits = make_logits(vocab=8, seed=3)
+    spec = SamplingSpec(temperature=1.0, top_k=5, seed=11)
+    probs = filtered_probs(logits, spec)
+    tokens = torch.tensor(draw(spec, logits, 20_000))
+    freq = torch.bincount(tokens, minlength=8).float() / len(tokens)
+    assert (freq[probs == 0] == 0).all()
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
 
 
 def test_top_k_only_returns_the_k_most_likely_tokens() -> None:
