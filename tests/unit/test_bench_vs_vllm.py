@@ -171,3 +171,22 @@ def test_the_shipped_conversation_trace_becomes_a_dataset(tmp_path: Path) -> Non
     assert "--no-self-timed" in command and "--ignore-eos" in command
     assert command[command.index("--request-rate") + 1] == "inf"
     assert command[command.index("--result-filename") + 1] == "r.json"
+
+
+def test_runs_saved_apart_report_together(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from bench_vs_vllm.__main__ import saved_rows
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "vllm_random-512-128_0.5qps.json").write_text(json.dumps(SAVED))
+    (raw / "sarathi_conversation-x0.5_infqps.json").write_text(
+        json.dumps({**SAVED, "request_rate": "inf"})
+    )
+    (raw / "sarathi_conversation-x0.5_infqps.log").write_text("not a result")
+    rows = saved_rows(Namespace(results=tmp_path))
+    assert [(r.system, r.workload, r.rate) for r in rows] == [
+        ("sarathi", "conversation-x0.5", math.inf),
+        ("vllm", "random-512-128", 1.0),  # the rate is the file's own, not its name's
+    ]

@@ -75,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1)
     p.add_argument("--vllm-cpus", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: all)")
     p.add_argument(
+        "--vllm-prefix-caching",
+        action="store_true",
+        help="leave vLLM's prefix cache on (off by default: ours has none; see servers.py)",
+    )
+    p.add_argument(
         "--slo-factors",
         default="5,25",
         help="TBT SLOs as multiples of vLLM's median TBT at the lowest rate (strict, relaxed)",
@@ -144,7 +149,7 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
         cpus = args.vllm_cpus or f"0-{(os.cpu_count() or 1) - 1}"
         return vllm_spec(
             args.vllm_bin, args.model, args.model.name, args.vllm_port,
-            args.vllm_kv_cache_gib, cpus,
+            args.vllm_kv_cache_gib, cpus, args.vllm_prefix_caching,
         )  # fmt: skip
     return sarathi_spec(args.sarathictl, args.model, args.sarathi_port, args.sarathi_budget)
 
@@ -278,21 +283,26 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
     return report
 
 
+def saved_rows(args: argparse.Namespace) -> list[Row]:
+    """Every run saved in the results folder (`<system>_<workload>_<rate>qps.json`), so that
+    runs of one system made apart (--systems) report together."""
+    rows = []
+    for path in sorted((args.results / "raw").glob("*_*_*qps.json")):
+        system, workload, _ = path.name.split("_")
+        rows.append(load_row(path, system, workload))
+    return rows
+
+
 def report_again(args: argparse.Namespace) -> int:
-    """Rewrites the report from the saved runs and the metadata of the run that made them."""
+    """Rewrites the report from the saved runs and the metadata of the last run."""
     summary_path = args.results / "summary.json"
     if not summary_path.is_file():
         say(f"no {summary_path}: nothing to report again")
         return 2
     meta = json.loads(summary_path.read_text())
-    rows = [
-        load_row(result_path(args, r["system"], r["workload"], float(r["rate"])), r["system"],
-                 r["workload"])
-        for r in meta.pop("rows")
-    ]  # fmt: skip
-    for key in ("slo_ms", "capacity_req_s"):
+    for key in ("rows", "slo_ms", "capacity_req_s"):
         meta.pop(key, None)
-    report = write_report(args, rows, meta)
+    report = write_report(args, saved_rows(args), meta)
     print(report.read_text(), flush=True)
     return 0
 
