@@ -9,6 +9,7 @@ implement are accepted only at their no-op value (`n=1`, `echo=false`, ...): sil
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,8 +25,12 @@ from controller.openai_api.errors import ApiError, bad_field, invalid_request
 from controller.scheduler import InvalidRequestError
 from controller.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
+
 # OpenAI's own default: sampling, not greedy (send temperature=0 for greedy).
 DEFAULT_TEMPERATURE = 1.0
+# OpenAI's (and vLLM's) default for /v1/completions; chat gets the server's --default-max-tokens.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # Field -> the values that mean "not used", the only ones accepted.
@@ -43,6 +48,26 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
 }
+
+
+# Fields read here, and OpenAI's that change nothing for this server (user, metadata, ...).
+_KNOWN_FIELDS = frozenset(
+    {
+        *_NO_OP_VALUES, "model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
+        "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
+        "parallel_tool_calls",
+    }
+)  # fmt: skip
+_logged_unknown: set[str] = set()
+
+
+def _log_unknown_fields(body: Mapping[str, Any]) -> None:
+    """Fields this server does not know pass, as vLLM lets them, but each name is logged once so
+    an operator sees what clients send that has no effect."""
+    for name in body.keys() - _KNOWN_FIELDS - _logged_unknown:
+        _logged_unknown.add(name)
+        logger.warning("request field %r is not supported and was ignored", name)
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,8 @@ def _parse_completion(
     fields = _common_checks(body, model_name)
     prompt_ids = _completion_prompt_ids(fields.get("prompt"), limits, tokenizer)
     max_tokens = _optional_int(fields, "max_tokens")
+    if max_tokens is None:
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     return _finish(fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl")
 
 
@@ -115,6 +142,7 @@ def _common_checks(body: object, model_name: str) -> Mapping[str, Any]:
         if name in body and body[name] not in allowed:
             shown = " or ".join(repr(v) for v in allowed if v is not None)
             raise bad_field(name, f"only {shown} is supported, got {body[name]!r}")
+    _log_unknown_fields(body)
     return body
 
 

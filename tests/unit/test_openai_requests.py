@@ -3,6 +3,8 @@ field becomes, and that a refused request names its field exactly as gRPC would.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Any
 
 import pytest
@@ -58,11 +60,28 @@ def test_completion_prompt_is_tokenized_like_the_grpc_prompt() -> None:
     assert parsed.generation.request_id.startswith("cmpl-")
 
 
-def test_unset_fields_take_openai_defaults_and_the_servers_max_tokens() -> None:
+def test_unset_fields_take_openai_defaults() -> None:
     params = completion().generation.params
     assert params.sampling.temperature == 1.0  # OpenAI samples unless told temperature=0
     assert params.sampling.top_p == 1.0
-    assert params.max_tokens == 16  # RequestLimits.default_max_tokens
+    assert params.max_tokens == 16  # OpenAI's and vLLM's completions default
+
+
+def test_completions_default_to_16_tokens_and_chat_to_the_servers_default() -> None:
+    tokenizer = make_tokenizer()
+    limits = dataclasses.replace(make_limits(tokenizer), default_max_tokens=300)
+    body = {"model": MODEL, "prompt": "the Paris"}
+    assert parse_completion(body, MODEL, limits, tokenizer).generation.params.max_tokens == 16
+    chat_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat(chat_body, MODEL, limits, tokenizer).generation.params.max_tokens == 300
+
+
+def test_unknown_fields_are_logged_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="controller.openai_api.validation"):
+        for _ in range(3):
+            completion(max_tokens=2, frobnicate=1, user="someone")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == ["request field 'frobnicate' is not supported and was ignored"]
 
 
 def test_token_id_prompts_and_one_element_batches_are_one_prompt() -> None:
