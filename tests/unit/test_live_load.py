@@ -94,3 +94,17 @@ def test_random_falcon_names_the_bad_field(
     assert main(["model", "random-falcon", out, "--num-layers", "0"]) == 2
     assert "argument --num-layers: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()  # nothing half-written
+
+
+def test_a_small_sarathi_budget_caps_the_running_sequences_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    from sarathictl.bench.live_capacity import with_budget
+    from sarathictl.local_cluster import LocalClusterConfig
+
+    (tmp_path / "config.json").write_text("{}")
+    model = str(tmp_path)
+    base = LocalClusterConfig(model_dir=model, max_num_seqs=128)
+    assert with_budget(base, 64).max_num_seqs == 64  # sarathi: every decode fits a micro-batch
+    vllm = with_budget(LocalClusterConfig(model_dir=model, policy="vllm", max_num_seqs=128), 64)
+    assert (vllm.budget_tokens, vllm.max_num_seqs) == (64, 128)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from controller.executor.simulated import SimRequest
+from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.bench.capacity import CapacityResult, ProbeCallback, ProbeResult, search_capacity
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.metrics import ServingMetrics
@@ -61,7 +62,7 @@ def measure_policy(
     on_ready: Callable[[], None] | None = None,
 ) -> PolicyCapacity:
     """on_ready() once the policy's cluster serves; on_probe after each probe."""
-    config = replace(base, policy=policy, budget_tokens=budget_tokens)
+    config = with_budget(replace(base, policy=policy), budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
     with LocalCluster(config) as cluster:
         if on_ready is not None:
@@ -108,6 +109,15 @@ def cap_probe(requests: list[SimRequest], max_probe_s: float) -> list[SimRequest
     return requests[: max(len(kept), MIN_PROBE_REQUESTS)]
 
 
+def with_budget(config: LocalClusterConfig, budget_tokens: int) -> LocalClusterConfig:
+    """config with this token budget; a chunked policy runs at most budget_tokens sequences
+    (every decode must fit a micro-batch), so --max-num-seqs is capped there, not refused."""
+    max_num_seqs = config.max_num_seqs
+    if config.policy in CHUNKED_POLICIES and max_num_seqs > budget_tokens:
+        max_num_seqs = budget_tokens
+    return replace(config, budget_tokens=budget_tokens, max_num_seqs=max_num_seqs)
+
+
 def run_local(args: argparse.Namespace) -> int:
     """`sarathictl bench capacity --local ...`: capacity of each policy on real processes."""
     from sarathictl.commands.up import resolve_model
@@ -132,7 +142,7 @@ def run_local(args: argparse.Namespace) -> int:
     decode_s = None
     if args.tbt_slo in SLO_FACTORS:
         say("[live] starting a cluster to measure the decode step of a batch of 32")
-        with LocalCluster(replace(base, budget_tokens=args.budget)) as cluster:
+        with LocalCluster(with_budget(base, args.budget)) as cluster:
             decode_s = decode_step_s(cluster)
         tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
         say(
