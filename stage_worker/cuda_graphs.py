@@ -106,17 +106,16 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every graph
 
-    def accepts(self, meta: AttentionMetadata) -> bool:
-        return bucket_of(meta.seqs, self.kv_cache.block_size) is not None
-
     @property
     def num_captured(self) -> int:
         return len(self._graphs)
 
-    def run(self, meta: AttentionMetadata, inputs: torch.Tensor) -> torch.Tensor:
-        """The step's hidden states [n, hidden], as the eager model would give them."""
+    def run(self, meta: AttentionMetadata, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The step's hidden states [n, hidden], as the eager model would give them; None for a
+        step no graph takes (it runs eagerly)."""
         key = bucket_of(meta.seqs, self.kv_cache.block_size)
-        assert key is not None, "not a decode step that fits a bucket"
+        if key is None:
+            return None
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs[key] = self._capture(*key)

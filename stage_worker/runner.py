@@ -158,8 +158,10 @@ class StageRunner:
         """-> hidden [num_tokens, hidden]; hidden_in is the previous stage's output (stage > 0)."""
         inputs = step.token_ids if hidden_in is None else hidden_in
         assert inputs is not None, "stage 0 needs token ids"
-        if self.graphs is not None and self.graphs.accepts(step.meta):
-            return self.graphs.run(step.meta, inputs)
+        if self.graphs is not None:
+            hidden = self.graphs.run(step.meta, inputs)
+            if hidden is not None:
+                return hidden
         return self.model(inputs, step.meta, self.kv_cache, self.attention)
 
     @torch.inference_mode()

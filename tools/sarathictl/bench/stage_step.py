@@ -212,11 +212,11 @@ class StageBench:
         meta = build_metadata(seqs, BLOCK_SIZE, self.model.device)
         num_tokens = meta.num_tokens
         ids = torch.randint(0, self.model.spec.vocab_size, (num_tokens,), device=self.model.device)
+        hidden = None
         if self.use_graphs:
             self._graphs = self._graphs or DecodeGraphs(self.model, self.cache)
-        if self.use_graphs and self._graphs is not None and self._graphs.accepts(meta):
             hidden = self._graphs.run(meta, ids)
-        else:
+        if hidden is None:
             hidden = self.model(ids, meta, self.cache, self.attention)
         rows = torch.tensor([s.query_start + s.num_tokens - 1 for s in seqs], device=hidden.device)
         self.model.compute_logits(hidden.index_select(0, rows)).argmax(-1)
