@@ -1,5 +1,6 @@
-"""Reference attention in plain torch (any device): prefill chunks one by one, all one-token
-chunks (decodes) together as one padded batch."""
+"""Attention in plain torch (any device): prefill chunks one by one, all one-token chunks
+(decodes) together as one batch: on CPUs with AVX-512 through the C decode kernel
+(decode_kernel.py), elsewhere as one padded batch of matmuls (paged_decode)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+from stage_worker.attention import decode_kernel
 from stage_worker.attention.base import AttentionMetadata, write_kv
 
 
@@ -23,9 +25,21 @@ class _Prefill:
 class _Decodes:
     rows: torch.Tensor  # [batch] index of each decode token in the step
     only_decodes: bool  # the step is these decodes alone, in order: rows == arange(batch)
-    block_table: torch.Tensor  # [batch * max_blocks] (padded with block 0), flattened
+    block_table: torch.Tensor  # [batch, max_blocks] (padded with block 0)
+    context_lens: torch.Tensor  # [batch] int64
     max_context_len: int
     mask: torch.Tensor | None  # [batch, 1, 1, max_context_len] True = attend; None: all valid
+    scratch: torch.Tensor | None  # float32 for the C kernel (CPU only)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q: [batch, Hq, D] -> [batch, Hq, D]."""
+        if self.scratch is not None and decode_kernel.usable(q, k_cache):
+            return decode_kernel.paged_decode(
+                q, k_cache, v_cache, self.block_table, self.context_lens, self.scratch
+            )
+        return paged_decode(
+            q, k_cache, v_cache, self.block_table.flatten(), self.max_context_len, self.mask
+        )
 
 
 def _context_slots(block_ids: tuple[int, ...], context_len: int, block_size: int) -> list[int]:
@@ -64,18 +78,24 @@ class TorchAttention:
             max_len = max(decode_lens)
             max_blocks = max(len(t) for t in decode_tables)
             padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
+            lens = torch.tensor(decode_lens, device=device)
             mask = None
             if min(decode_lens) != max_len:
-                lens = torch.tensor(decode_lens, device=device)
                 mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[
                     :, None, None, :
                 ]
+            scratch = None
+            if device.type == "cpu":
+                floats = decode_kernel.scratch_floats(num_q_heads, num_kv_heads, head_dim, max_len)
+                scratch = torch.empty(floats, dtype=torch.float32)
             meta.extra["torch_decodes"] = _Decodes(
                 torch.tensor(decode_rows, device=device),
                 not prefills and decode_rows == list(range(len(decode_rows))),
-                torch.tensor(padded, device=device).flatten(),
+                torch.tensor(padded, device=device),
+                lens,
                 max_len,
                 mask,
+                scratch,
             )
         else:
             meta.extra["torch_decodes"] = None
@@ -94,9 +114,7 @@ class TorchAttention:
         decodes: _Decodes | None = meta.extra["torch_decodes"]  # type: ignore[assignment]
         if decodes is not None and decodes.only_decodes:
             # a decode-only step (the common one) needs no scatter into a fresh output
-            return paged_decode(
-                q, k_cache, v_cache, decodes.block_table, decodes.max_context_len, decodes.mask
-            )
+            return decodes.attend(q, k_cache, v_cache)
         flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, Hkv, D]
         flat_v = v_cache.view(-1, *v_cache.shape[2:])
         out = torch.empty_like(q)
@@ -111,14 +129,7 @@ class TorchAttention:
             oi = sdpa(qi, ki, vi, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True)
             out[rows] = oi[0].transpose(0, 1)
         if decodes is not None:
-            out[decodes.rows] = paged_decode(
-                q[decodes.rows],
-                k_cache,
-                v_cache,
-                decodes.block_table,
-                decodes.max_context_len,
-                decodes.mask,
-            )
+            out[decodes.rows] = decodes.attend(q[decodes.rows], k_cache, v_cache)
         return out
 
 

@@ -17,17 +17,14 @@ faster from 3 tokens up, reads its own blocked copy, so each bf16 linear weight 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import torch
+
+from stage_worker import native
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +32,7 @@ SOURCE = Path(__file__).with_name("gemv_bf16.c")
 MAX_TOKENS = 2
 """Steps of up to this many tokens use the kernel; from 3 tokens oneDNN's packed kernel is as
 fast or faster (measured on the demo model, BENCHMARKS.md)."""
-_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16")
 _enabled = False
 
 
@@ -45,62 +42,15 @@ def enable() -> None:
     _enabled = True
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sarathi-cluster" / "kernels"
-
-
-def _cpu_has_avx512_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512_bf16" in line.split()
-    except OSError:
-        pass
-    return False
-
-
-def _build(out: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Compiled beside its final name and renamed: workers starting together never load a
-    # half-written library.
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        built = Path(tmp) / out.name
-        result = subprocess.run(
-            [compiler, *_FLAGS, str(SOURCE), "-o", str(built)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
-        os.replace(built, out)
-
-
 @cache
 def _kernel() -> Callable[..., None] | None:
     """The loaded kernel, or None (reason logged) where it cannot run."""
-    if not _cpu_has_avx512_bf16():
-        logger.info("bf16 GEMV kernel: this CPU lacks avx512_bf16; oneDNN runs decode matmuls")
-        return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    lib_path = cache_dir() / f"gemv_bf16-{digest}.so"
-    try:
-        if not lib_path.exists():
-            _build(lib_path)
-        fn = ctypes.CDLL(str(lib_path)).gemv_bf16
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        logger.warning("bf16 GEMV kernel unavailable (%s); oneDNN runs decode matmuls", err)
+    fn = native.load(SOURCE, "gemv_bf16", _FLAGS, needs=("avx512_bf16",))
+    if fn is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64]
     fn.restype = None
-    logger.info("bf16 GEMV kernel loaded from %s", lib_path)
     return fn
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stage_worker import native
 from stage_worker.layers import ColumnParallelLinear, gemv
 
 
@@ -73,14 +74,14 @@ def test_no_compiler_falls_back_with_the_reason_logged(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(gemv, "_enabled", True)
-    monkeypatch.setattr(gemv, "_cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     gemv._kernel.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="stage_worker.layers.gemv"):
+        with caplog.at_level(logging.WARNING, logger="stage_worker.native"):
             assert gemv._kernel() is None
-        assert "bf16 GEMV kernel unavailable" in caplog.text
+        assert "gemv_bf16 unavailable" in caplog.text
         assert "no-such-compiler" in caplog.text
         assert not gemv.usable_for(torch.zeros(4, 4, dtype=torch.bfloat16))
     finally:

@@ -1,0 +1,272 @@
+/* Paged decode attention on the CPU: one query token per sequence against its cached keys and
+ * values, read in place through the sequence's block table.
+ *
+ * The plain-torch path first gathers each sequence's blocks into a padded [B, L, Hkv, D] copy
+ * and then lets matmul copy them again into the layout a batched product wants: at a batch of
+ * 32 over 600-token contexts those two copies were 85% of a bf16 decode step of the demo model
+ * (BENCHMARKS.md). Here every key and value row is read once, where it lies, and never written.
+ *
+ * Per sequence and KV head: (1) the scores of the head's group of query heads against every
+ * position, each key row loaded once for the whole group; (2) softmax in float32 with a
+ * vectorized exp; (3) the values weighted by the probabilities, each value row loaded once for
+ * the group. The scores of one sequence and head stay in a caller-given float32 buffer (a few
+ * KiB: it stays in L1/L2 between the passes). Everything is summed in float32 and the output is
+ * rounded once (to bf16, nearest, ties to even, for a bf16 cache).
+ *
+ * Built by stage_worker/native.py with -O3 -mavx512f -mavx512bw -mavx512vl -mavx512bf16, used only on
+ * CPUs that report all four; head_dim must be a multiple of 16 (the caller checks).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* 16 float32 values of a bf16 (is_bf16) or float32 row. */
+static inline __attribute__((always_inline)) __m512 load16(const void *p, int is_bf16) {
+    if (is_bf16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)p);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps(p);
+}
+
+static inline uint16_t to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u); /* round to nearest, ties to even (no NaNs here) */
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), relative error about 1e-7: x = n ln2 + r with
+ * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, times 2^n. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f)); /* e^-87 is ~0 and 2^n stays normal */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x); /* ln2, high part */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);      /* ln2, low part */
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* probs[0..len) = e^(scores - max) in place; returns their sum. */
+static float softmax_numerators(float *scores, int64_t len, float max) {
+    __m512 vmax = _mm512_set1_ps(max), sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < len; i += 16) {
+        int64_t left = len - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), vmax));
+        _mm512_mask_storeu_ps(scores + i, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* Walks a sequence's positions in order through its block table, yielding each position's row
+ * for one KV head as a byte offset into the cache: no division per position (a 64-bit divide
+ * by the block size per row made both passes wait on it). */
+typedef struct {
+    const int64_t *table; /* the next block's entry */
+    int64_t block_bytes, row_bytes, head_bytes, left_in_block, next_row;
+} rows_t;
+
+static inline rows_t rows_from(const int64_t *table, int64_t block_size, int64_t row_bytes,
+                               int64_t head_bytes) {
+    rows_t r = {table, block_size * row_bytes, row_bytes, head_bytes, 0, 0};
+    return r;
+}
+
+static inline int64_t next_row(rows_t *r, int64_t block_size) {
+    if (r->left_in_block == 0) { /* the next block, read only when a position needs it */
+        r->next_row = *r->table++ * r->block_bytes + r->head_bytes;
+        r->left_in_block = block_size;
+    }
+    int64_t row = r->next_row;
+    r->next_row += r->row_bytes;
+    --r->left_in_block;
+    return row;
+}
+
+/* lane i = the sum of v[i]'s 16 lanes: a transposing tree of 15 shuffle-and-add steps, where
+ * 16 separate reductions take about 4 times the instructions. */
+static inline __m512 sum16(const __m512 v[16]) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; ++i) /* 128-bit lane k: v[2i], v[2i+1] over two element pairs */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) { /* 128-bit lane k: v[4i..4i+3] over elements 4k..4k+3 */
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), /* moves as pairs, */
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b))); /* adds as floats */
+    }
+    /* then across the four 128-bit lanes, two at a time */
+    __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                              _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                              _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+/* The dot product of query head q with one key row, as 16 partial sums. bf16: q and the row
+ * are bf16, multiplied exactly and summed in float32 by vdpbf16ps, 32 values an instruction;
+ * float32: q is float32. */
+static inline __attribute__((always_inline)) __m512 dot16(const void *q, const char *row, int nv,
+                                                          int is_bf16) {
+    __m512 acc = _mm512_setzero_ps();
+    if (is_bf16) {
+        const uint16_t *qb = (const uint16_t *)q, *kb = (const uint16_t *)row;
+        int j = 0;
+        for (; j + 2 <= nv; j += 2)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(kb + j * 16),
+                                   (__m512bh)_mm512_loadu_si512(qb + j * 16));
+        if (j < nv) /* an odd number of 16-value pieces: the last one alone */
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(0xFFFF, kb + j * 16),
+                                   (__m512bh)_mm512_maskz_loadu_epi16(0xFFFF, qb + j * 16));
+        return acc;
+    }
+    const float *qf = (const float *)q, *kf = (const float *)row;
+    for (int j = 0; j < nv; ++j)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(kf + j * 16), _mm512_loadu_ps(qf + j * 16), acc);
+    return acc;
+}
+
+/* Scores of `group` query heads (q: [group, D], the cache's dtype) against positions [0, len),
+ * times scale -> scores: [group, len], and each head's maximum -> max. Sixteen positions at a
+ * time: their key rows sit in L1 while every head of the group reads them. */
+static inline __attribute__((always_inline)) void
+score_pass(const char *q, const char *kc, const int64_t *table, int64_t len, int64_t block_size,
+           int64_t row_stride, int64_t h, int64_t group, float scale, float *scores, float *max,
+           int nv, int is_bf16) {
+    const int64_t head_dim = nv * 16, elem = is_bf16 ? 2 : 4;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    rows_t walk = rows_from(table, block_size, row_stride * elem, h * head_dim * elem);
+    for (int64_t g = 0; g < group; ++g) max[g] = -3.0e38f;
+    for (int64_t pos0 = 0; pos0 < len; pos0 += 16) {
+        const int64_t n = len - pos0 < 16 ? len - pos0 : 16;
+        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const char *rows[16];
+        for (int64_t p = 0; p < 16; ++p) /* past len: the first row again, masked off */
+            rows[p] = p < n ? kc + next_row(&walk, block_size) : rows[0];
+        for (int64_t g = 0; g < group; ++g) {
+            const char *qg = q + g * head_dim * elem;
+            __m512 dots[16];
+            for (int p = 0; p < 16; ++p) dots[p] = dot16(qg, rows[p], nv, is_bf16);
+            __m512 s = _mm512_mul_ps(sum16(dots), vscale);
+            _mm512_mask_storeu_ps(scores + g * len + pos0, m, s);
+            float block_max = _mm512_mask_reduce_max_ps(m, s);
+            max[g] = block_max > max[g] ? block_max : max[g];
+        }
+    }
+}
+
+/* out rows of query heads [g0, g0 + ng) = their probabilities (scores) times the value rows,
+ * divided by their sums. ng * nv <= 16: the sums stay in registers across positions. */
+static inline __attribute__((always_inline)) void
+value_pass(const char *vc, const int64_t *table, int64_t len, int64_t block_size,
+           int64_t row_stride, int64_t h, const float *scores, const float *inv_sum, int64_t g0,
+           int ng, char *out_head0, int nv, int is_bf16) {
+    const int64_t head_dim = nv * 16, elem = is_bf16 ? 2 : 4;
+    __m512 acc[16];
+    for (int i = 0; i < ng * nv; ++i) acc[i] = _mm512_setzero_ps();
+    rows_t walk = rows_from(table, block_size, row_stride * elem, h * head_dim * elem);
+    for (int64_t pos = 0; pos < len; ++pos) {
+        const char *vrow = vc + next_row(&walk, block_size);
+        for (int j = 0; j < nv; ++j) {
+            __m512 v = load16(vrow + j * 16 * elem, is_bf16);
+            for (int g = 0; g < ng; ++g)
+                acc[g * nv + j] =
+                    _mm512_fmadd_ps(_mm512_set1_ps(scores[(g0 + g) * len + pos]), v, acc[g * nv + j]);
+        }
+    }
+    for (int g = 0; g < ng; ++g) {
+        char *o = out_head0 + (g0 + g) * head_dim * elem;
+        __m512 scale = _mm512_set1_ps(inv_sum[g0 + g]);
+        for (int j = 0; j < nv; ++j) {
+            float tmp[16];
+            _mm512_storeu_ps(tmp, _mm512_mul_ps(acc[g * nv + j], scale));
+            for (int d = 0; d < 16; ++d) {
+                if (is_bf16)
+                    ((uint16_t *)o)[j * 16 + d] = to_bf16(tmp[d]);
+                else
+                    ((float *)o)[j * 16 + d] = tmp[d];
+            }
+        }
+    }
+}
+
+/* One sequence, one KV head h, its `group` query heads; nv = head_dim / 16 is a constant after
+ * inlining, so the key, value and sum vectors live in registers. q: [group, D] float32,
+ * pre-scaled; scores: [group, len] float32 scratch; out_head0: the output row of the group's
+ * first query head. */
+static inline __attribute__((always_inline)) void
+attend_head(const char *q, const char *kc, const char *vc, const int64_t *table, int64_t len,
+            int64_t block_size, int64_t row_stride, int64_t h, int64_t group, float scale,
+            float *scores, char *out_head0, int nv, int is_bf16) {
+    float max[64], inv_sum[64];
+    score_pass(q, kc, table, len, block_size, row_stride, h, group, scale, scores, max, nv,
+               is_bf16);
+    for (int64_t g = 0; g < group; ++g)
+        inv_sum[g] = 1.0f / softmax_numerators(scores + g * len, len, max[g]);
+    const int per_pass = nv >= 16 ? 1 : 16 / nv; /* query heads whose sums fit 16 registers */
+    for (int64_t g0 = 0; g0 < group; g0 += per_pass) {
+        int ng = group - g0 < per_pass ? (int)(group - g0) : per_pass;
+        value_pass(vc, table, len, block_size, row_stride, h, scores, inv_sum, g0, ng, out_head0,
+                   nv, is_bf16);
+    }
+}
+
+/* attend_head specialized for each head_dim / 16 and cache dtype. */
+#define CASE(NV)                                                                               \
+    case NV:                                                                                   \
+        if (is_bf16)                                                                           \
+            attend_head(q, kc, vc, table, len, block_size, row_stride, h, group, scale,        \
+                        scores, out, NV, 1);                                                   \
+        else                                                                                   \
+            attend_head(q, kc, vc, table, len, block_size, row_stride, h, group, scale,        \
+                        scores, out, NV, 0);                                                   \
+        break;
+
+static void attend_any(const char *q, const char *kc, const char *vc, const int64_t *table,
+                       int64_t len, int64_t block_size, int64_t row_stride, int64_t h,
+                       int64_t group, float scale, float *scores, char *out, int nv,
+                       int is_bf16) {
+    switch (nv) {
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+    }
+}
+#undef CASE
+
+/* q: [B, Hq, D] contiguous, same dtype as the caches; k_cache, v_cache: [num_blocks,
+ * block_size, Hkv, D] contiguous; block_table: [B, max_blocks] int64; context_lens: [B] int64
+ * (each >= 1 and covered by its row of the table); scratch: float32, at least
+ * group * (max context_len rounded up to 16) values; out: [B, Hq, D] contiguous, the caches'
+ * dtype.
+ * Hq = Hkv * group with group <= 64; D a multiple of 16, at most 256. */
+int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache,
+                           const int64_t *block_table, const int64_t *context_lens, int64_t batch,
+                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                           int64_t block_size, int64_t max_blocks, float scale, float *scratch,
+                           void *out, int is_bf16) {
+    const int64_t group = num_q_heads / num_kv_heads;
+    if (group * num_kv_heads != num_q_heads || group > 64 || head_dim % 16 || head_dim > 256)
+        return 1;
+    const int64_t elem = is_bf16 ? 2 : 4, row_stride = num_kv_heads * head_dim;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t *table = block_table + b * max_blocks;
+        const char *qb = (const char *)q + b * num_q_heads * head_dim * elem;
+        char *ob = (char *)out + b * num_q_heads * head_dim * elem;
+        for (int64_t h = 0; h < num_kv_heads; ++h) {
+            const int64_t first_row = h * group * head_dim * elem; /* of the group's q and out */
+            attend_any(qb + first_row, (const char *)k_cache, (const char *)v_cache, table,
+                       context_lens[b], block_size, row_stride, h, group, scale, scratch,
+                       ob + first_row, (int)(head_dim / 16), is_bf16);
+        }
+    }
+    return 0;
+}
