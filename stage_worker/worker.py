@@ -34,7 +34,8 @@ from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
 from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
-from stage_worker.runner import StageRunner
+from stage_worker.runner import PreparedStep, StageRunner
+from stage_worker.step_timer import StepTimer, TimedAttention, clock
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,9 @@ class StageWorker:
         self._start_s = time.monotonic()
         self._busy_s_total = 0.0
         self._last_batch_id = 0
+        self._received_at = 0.0
+        """clock() when the last message came off the socket, before parsing it."""
+        self._timer: StepTimer | None = None
         self.shard: ShardSpec | None = None
 
     # ---- socket ----------------------------------------------------------------------------
@@ -175,8 +179,10 @@ class StageWorker:
     def _recv(self, timeout_s: float | None = None) -> stage_pb2.ControllerMessage | None:
         if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
             return None
+        data = self._sock.recv()
+        self._received_at = clock()
         msg = stage_pb2.ControllerMessage()
-        msg.ParseFromString(self._sock.recv())
+        msg.ParseFromString(data)
         return msg
 
     def _heartbeat(self, step_busy_s: float) -> None:
@@ -191,6 +197,7 @@ class StageWorker:
                     step_busy_s=step_busy_s,
                     busy_s_total=self._busy_s_total,
                     uptime_s=time.monotonic() - self._start_s,
+                    phases=self._timer.totals() if self._timer else None,
                 )
             )
         )
@@ -293,9 +300,12 @@ class StageWorker:
             cfg.device,
             dtype,
         )
-        runner = StageRunner(
-            model, cache, make_backend(cfg.attention, cfg.device), self._graphs(model, cache)
-        )
+        attention = make_backend(cfg.attention, cfg.device)
+        # CUDA kernels run asynchronously: timing attention and the linear layers there would
+        # time their launches, so on CUDA the forward pass is reported whole.
+        timed = TimedAttention(attention) if cfg.device == "cpu" else None
+        self._timer = StepTimer(timed)
+        runner = StageRunner(model, cache, timed or attention, self._graphs(model, cache))
         via_host = backend == "gloo" and cfg.device.startswith("cuda")
         links = PipelineLinks(shard, tp_group, cfg.send_slices, via_host)
         try:
@@ -327,7 +337,6 @@ class StageWorker:
 
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:
-        shard = runner.model.shard
         last_heard_s = time.monotonic()
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
@@ -347,45 +356,69 @@ class StageWorker:
             if not msg.HasField("plan"):
                 logger.warning("ignoring %s while serving", msg.WhichOneof("body"))
                 continue
-            plan = msg.plan
-            try:
-                step = runner.prepare(plan)
-            except PlanError as err:
-                # Every worker sees the same plan and state, so all refuse it alike and no
-                # stage waits for activations that will not come.
-                logger.error("rejected plan: %s", err)
-                if shard.is_last and shard.tp_rank == 0:
-                    self._send(
-                        stage_pb2.WorkerMessage(result=stage_pb2.StepResult(batch_id=plan.batch_id))
-                    )
-                continue
-            hidden_in = None
-            if not shard.is_first:
-                # Waiting for the previous stage is idle time, not busy time.
-                hidden_in = links.recv(
-                    step.meta.num_tokens,
-                    runner.model.spec.hidden_size,
-                    runner.model.dtype,
-                    runner.model.device,
+            self._run_plan(runner, links, msg.plan)
+
+    def _run_plan(
+        self, runner: StageRunner, links: PipelineLinks, plan: stage_pb2.StepPlan
+    ) -> None:
+        """One step, its phases timed (step_timer.py), then the heartbeat that reports it."""
+        shard = runner.model.shard
+        timer = self._timer
+        assert timer is not None
+        timer.begin(self._received_at)
+        try:
+            step = runner.prepare(plan)
+        except PlanError as err:
+            # Every worker sees the same plan and state, so all refuse it alike and no
+            # stage waits for activations that will not come.
+            logger.error("rejected plan: %s", err)
+            if shard.is_last and shard.tp_rank == 0:
+                self._send(
+                    stage_pb2.WorkerMessage(result=stage_pb2.StepResult(batch_id=plan.batch_id))
                 )
-            t0 = time.monotonic()
-            hidden = runner.forward(step, hidden_in)
-            if shard.is_last:
-                tokens = (
-                    runner.sample(step, runner.logits(step, hidden)) if step.sample_rows else []
-                )
-                if shard.tp_rank == 0:
-                    result = stage_pb2.StepResult(
-                        batch_id=plan.batch_id,
-                        seq_ids=[seq_id for seq_id, _ in tokens],
-                        token_ids=[token_id for _, token_id in tokens],
-                    )
-                    self._send(stage_pb2.WorkerMessage(result=result))
-            else:
-                links.send(hidden)
-            if runner.model.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            busy_s = time.monotonic() - t0
-            self._busy_s_total += busy_s
-            self._last_batch_id = plan.batch_id
-            self._heartbeat(busy_s)
+            return
+        timer.prepare_s += timer.lap()
+        hidden_in = None
+        if not shard.is_first:
+            # Waiting for the previous stage is idle time, not busy time.
+            hidden_in = links.recv(
+                step.meta.num_tokens,
+                runner.model.spec.hidden_size,
+                runner.model.dtype,
+                runner.model.device,
+            )
+            timer.recv_wait_s += timer.lap()
+        t0 = time.monotonic()
+        hidden = runner.forward(step, hidden_in)
+        timer.forward_s += timer.lap()
+        if shard.is_last:
+            self._sample_and_send(runner, step, hidden, timer)
+        else:
+            links.send(hidden)
+        timer.send_s += timer.lap()
+        if runner.model.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            timer.forward_s += timer.lap()  # the wait for the queued kernels
+        timer.end(step.meta.num_tokens)
+        busy_s = time.monotonic() - t0
+        self._busy_s_total += busy_s
+        self._last_batch_id = plan.batch_id
+        self._heartbeat(busy_s)
+
+    def _sample_and_send(
+        self, runner: StageRunner, step: PreparedStep, hidden: torch.Tensor, timer: StepTimer
+    ) -> None:
+        """Last stage: logits and sampling at the rows that yield a token; TP rank 0 sends them."""
+        tokens: list[tuple[int, int]] = []
+        if step.sample_rows:
+            logits = runner.logits(step, hidden)
+            timer.logits_s += timer.lap()
+            tokens = runner.sample(step, logits)
+            timer.sample_s += timer.lap()
+        if runner.model.shard.tp_rank == 0:
+            result = stage_pb2.StepResult(
+                batch_id=step.batch_id,
+                seq_ids=[seq_id for seq_id, _ in tokens],
+                token_ids=[token_id for _, token_id in tokens],
+            )
+            self._send(stage_pb2.WorkerMessage(result=result))

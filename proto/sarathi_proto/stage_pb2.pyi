@@ -123,7 +123,7 @@ class CacheAssignment(_message.Message):
     def __init__(self, num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("worker_id", "stage", "tp_rank", "last_batch_id", "step_busy_s", "busy_s_total", "uptime_s")
+    __slots__ = ("worker_id", "stage", "tp_rank", "last_batch_id", "step_busy_s", "busy_s_total", "uptime_s", "phases")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class Heartbeat(_message.Message):
     STEP_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     stage: int
     tp_rank: int
@@ -138,7 +139,34 @@ class Heartbeat(_message.Message):
     step_busy_s: float
     busy_s_total: float
     uptime_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., step_busy_s: _Optional[float] = ..., busy_s_total: _Optional[float] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    phases: StepPhases
+    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., step_busy_s: _Optional[float] = ..., busy_s_total: _Optional[float] = ..., uptime_s: _Optional[float] = ..., phases: _Optional[_Union[StepPhases, _Mapping]] = ...) -> None: ...
+
+class StepPhases(_message.Message):
+    __slots__ = ("num_steps", "num_tokens", "step_s", "prepare_s", "recv_wait_s", "linear_s", "attention_s", "forward_other_s", "logits_s", "sample_s", "send_s")
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_S_FIELD_NUMBER: _ClassVar[int]
+    RECV_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_S_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_OTHER_S_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
+    num_steps: int
+    num_tokens: int
+    step_s: float
+    prepare_s: float
+    recv_wait_s: float
+    linear_s: float
+    attention_s: float
+    forward_other_s: float
+    logits_s: float
+    sample_s: float
+    send_s: float
+    def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., step_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., recv_wait_s: _Optional[float] = ..., linear_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., forward_other_s: _Optional[float] = ..., logits_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., send_s: _Optional[float] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "ready", "result", "heartbeat")

@@ -56,6 +56,23 @@ def test_pipeline_tokens_equal_transformers_greedy(
     reporters = {(h.stage, h.tp_rank) for h in run.heartbeats if h.last_batch_id > 0}
     assert reporters == {(s, r) for s in range(pp) for r in range(tp)}
     assert all(0 < h.busy_s_total <= h.uptime_s for h in run.heartbeats if h.last_batch_id > 0)
+    latest = {(h.stage, h.tp_rank): h for h in run.heartbeats}  # totals: the last says all
+    for h in latest.values():
+        assert_phases_split_the_step(h, pp)
+
+
+def assert_phases_split_the_step(h: stage_pb2.Heartbeat, pp: int) -> None:
+    """A worker's step phases (CPU: the forward split too) are disjoint parts of its step time."""
+    p = h.phases
+    parts = (
+        p.prepare_s + p.recv_wait_s + p.linear_s + p.attention_s + p.forward_other_s
+        + p.logits_s + p.sample_s + p.send_s
+    )  # fmt: skip
+    assert 0 < parts <= p.step_s <= h.uptime_s
+    assert p.num_tokens >= p.num_steps
+    assert p.linear_s > 0 and p.attention_s > 0
+    assert (p.recv_wait_s > 0) == (h.stage > 0)  # stage 0 embeds tokens: nothing to wait for
+    assert (p.logits_s > 0 and p.sample_s > 0) == (h.stage == pp - 1)
 
 
 def test_preempted_sequence_is_recomputed_across_processes(
