@@ -200,7 +200,14 @@ async def begin_serving(
     def make_text_stream(request: GenerationRequest) -> TextStream:
         return TextStream(model.tokenizer, request.stop)
 
-    engine = Engine(scheduler, pipeline, make_text_stream, apis.metrics, admission=config.admission)
+    engine = Engine(
+        scheduler,
+        pipeline,
+        make_text_stream,
+        apis.metrics,
+        admission=config.admission,
+        phases=pipeline.phases,
+    )
     pipeline.on_down = lambda reason: log.warning(
         "%d requests requeued for recompute", engine.on_pipeline_down()
     )

@@ -18,6 +18,8 @@ from typing import NamedTuple, Protocol
 from controller.admission import AdmissionConfig, check_admission
 from controller.metrics import ControllerMetrics
 from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
+from controller.step_phases import ControllerPhases
+from controller.step_phases import clock as wall_clock
 from controller.telemetry import LatencyWindow, WorkWindow
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,10 @@ class Engine:
         latency: LatencyWindow | None = None,
         clock: Callable[[], float] = time.monotonic,
         admission: AdmissionConfig | None = None,
+        phases: ControllerPhases | None = None,
     ) -> None:
+        """phases: where the step phases are summed (the pipeline executor's, which adds its own
+        phases to the same totals); None: a new one."""
         self.scheduler = scheduler
         self.admission = admission or AdmissionConfig()
         self.pipeline = pipeline
@@ -114,6 +119,8 @@ class Engine:
         self.overhead_s = 0.0
         """CPU seconds of this thread spent scheduling, encoding, sending and applying results
         (thread CPU time, so waiting for a core on a busy machine is not counted as work)."""
+        self.phases = phases or ControllerPhases()
+        """Wall time per phase of the steps (step_phases.py), for Status."""
 
     # ---- API side ---------------------------------------------------------------------------
     def add(self, request: GenerationRequest) -> RequestHandle:
@@ -161,7 +168,12 @@ class Engine:
         start = time.thread_time()
         now = self.clock()
         self.last_progress_time = now
+        applying = wall_clock()
         updated = self.scheduler.on_result(batch_id, sampled, now)
+        phases = self.phases
+        phases.apply_s += wall_clock() - applying
+        phases.num_results += 1
+        phases.num_tokens += len(sampled)
         if updated:
             self._pending.append((now, updated))
         self.overhead_s += time.thread_time() - start
@@ -172,6 +184,8 @@ class Engine:
         if not self._pending:
             return
         start = time.thread_time()
+        streaming = wall_clock()
+        detokenize_s = 0.0
         pending, self._pending = self._pending, []
         handles = self._handles
         for now, seqs in pending:
@@ -187,7 +201,9 @@ class Engine:
                 handle.num_streamed = index + 1
                 last = index == len(outputs) - 1 and seq.finish_reason is not None
                 self._record_latency(handle, now, len(seq.prompt_token_ids))
+                pushing = wall_clock()
                 text, hit_stop = handle.text.push(token_id)
+                detokenize_s += wall_clock() - pushing
                 if hit_stop and not last:
                     self.scheduler.abort(seq.seq_id, FinishReason.STOP)
                     self._wake.set()  # its KV blocks are free for others
@@ -195,6 +211,8 @@ class Engine:
                     self._finish(handle, seq, text, now, token_id, hit_stop)
                 else:
                     handle.events.put_nowait(StreamEvent(text, [token_id]))
+        self.phases.detokenize_s += detokenize_s
+        self.phases.stream_s += wall_clock() - streaming - detokenize_s
         self.overhead_s += time.thread_time() - start
 
     def _record_latency(self, handle: RequestHandle, now: float, num_prompt_tokens: int) -> None:
@@ -290,7 +308,7 @@ class Engine:
             start = time.thread_time()
             if not self.scheduler.has_unfinished:
                 self.last_progress_time = self.clock()  # idle is not stalled
-            while self.pipeline_up and (batch := self.scheduler.schedule(self.clock())) is not None:
+            while self.pipeline_up and (batch := self._schedule()) is not None:
                 await self.pipeline.submit(batch)
                 self.num_steps += 1
             self.overhead_s += time.thread_time() - start
@@ -299,6 +317,12 @@ class Engine:
             if self.metrics:
                 self.metrics.on_scheduler_state(self.scheduler)
             await self._wake.wait()
+
+    def _schedule(self) -> MicroBatch | None:
+        scheduling = wall_clock()
+        batch = self.scheduler.schedule(self.clock())
+        self.phases.schedule_s += wall_clock() - scheduling
+        return batch
 
     @property
     def num_active_requests(self) -> int:

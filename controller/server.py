@@ -17,7 +17,7 @@ from controller.api_request import RequestLimits, to_generation_request
 from controller.engine import Engine
 from controller.scheduler import FinishReason, InvalidRequestError
 from controller.security import BearerTokenInterceptor
-from controller.stage_report import stage_shares
+from controller.stage_report import public_phases, stage_shares
 from controller.telemetry import percentile
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             busy_s_total=stage.busy_s_total,
             heartbeat_age_s=pipeline.heartbeat_age_s(stage.stage, now),
             stalled=stage.stage == stalled_stage,
+            phases=public_phases(stage.phases),
         )
     ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)
     status.latency.CopyFrom(
@@ -177,6 +178,8 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
         )
     )
     status.throughput_tokens_per_s = engine.latency.tokens_per_s(now, since=pipeline.started_at)
+    for name, total in engine.phases.totals().items():
+        setattr(status.controller_phases, name, total)
     return status
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sarathi_proto import stage_pb2
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -31,6 +35,8 @@ class StageTelemetry:
     last_batch_id: int = 0
     last_heartbeat_time: float = 0.0
     busy_s_total: float = 0.0
+    phases: stage_pb2.StepPhases | None = None
+    """The step phases of the latest heartbeat that carried them (totals since start)."""
     # (time of report, busy seconds of that step)
     _steps: deque[tuple[float, float]] = field(default_factory=deque)
 

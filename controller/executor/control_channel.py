@@ -9,6 +9,7 @@ import zmq.asyncio
 from sarathi_proto import stage_pb2
 
 from controller.executor.curve import CurveServerKeys, secure_router
+from controller.step_phases import clock
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,13 @@ class ControlChannel:
         else:
             self._sock.bind(bind_addr)
             self.address = bind_addr
+        self.received_at = 0.0
         log.info("control plane listening on %s", self.address)
 
     async def recv(self) -> tuple[bytes, stage_pb2.WorkerMessage]:
+        """The next message; `received_at` is when it came off the socket, before parsing."""
         identity, payload = await self._sock.recv_multipart()
+        self.received_at = clock()
         msg = stage_pb2.WorkerMessage()
         msg.ParseFromString(payload)
         return identity, msg

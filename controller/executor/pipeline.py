@@ -26,6 +26,7 @@ from controller.executor.control_channel import ControlChannel
 from controller.executor.membership import PipelineSlots, WorkerInfo
 from controller.executor.plan_codec import decode_result, encode_plan_messages
 from controller.scheduler import MicroBatch
+from controller.step_phases import ControllerPhases, clock
 from controller.telemetry import StageTelemetry
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class PipelineExecutor:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.new_dist_port = new_dist_port
         self.stages = [StageTelemetry(stage=s) for s in range(parallel.pp)]
+        self.phases = ControllerPhases()
+        """The controller's step phases: this executor's, and the engine's (given the same)."""
         self.started_at = time.monotonic()
         self.last_submitted_batch_id = 0
         self.up = False
@@ -186,6 +189,7 @@ class PipelineExecutor:
         old = list(self.slots.workers.values())
         self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
         self._all_ready.clear()
+        self.phases.forget_in_flight()
         for stage in self.stages:
             stage.tp_ranks.clear()
             stage.last_batch_id = self.last_submitted_batch_id  # lost batches are not in flight
@@ -241,7 +245,11 @@ class PipelineExecutor:
         pipeline is down the batch is dropped: the engine requeued its sequences."""
         if not self.up:
             return
+        phases = self.phases
+        encoding = clock()
         first_bytes, rest_bytes = encode_plan_messages(batch)
+        sending = clock()
+        phases.encode_s += sending - encoding
         self.last_submitted_batch_id = batch.batch_id
         # Every worker is tried before the pipeline is declared down: when one dies its
         # neighbours' links break and they exit too, and status must name every stage that is
@@ -254,6 +262,9 @@ class PipelineExecutor:
                 )
             except zmq.ZMQError as err:  # the worker's socket is gone: it died
                 unreachable.append(f"stage {stage} rank {rank} unreachable: {err}")
+        sent = clock()
+        phases.send_s += sent - sending
+        phases.sent(batch.batch_id, sent)
         if unreachable:
             await self.fail("; ".join(unreachable))
 
@@ -267,10 +278,11 @@ class PipelineExecutor:
             if kind == "result":
                 # Results of workers from before a rebuild belong to batches already requeued.
                 if self.up and info is not None and self._on_result is not None:
-                    self._on_result(msg.result.batch_id, decode_result(msg.result))
+                    self._deliver(msg.result, self._on_result)
             elif kind == "heartbeat":
                 if info is not None:
                     self._on_heartbeat(msg.heartbeat)
+                self.phases.receive_s += clock() - self.channel.received_at
             elif kind == "hello":
                 await self._on_hello(identity, msg.hello)  # a Reject when every place is taken
             elif kind == "ready":
@@ -278,12 +290,23 @@ class PipelineExecutor:
             else:
                 log.warning("unexpected %s from %s", kind, info and info.worker_id)
 
+    def _deliver(self, result: stage_pb2.StepResult, on_result: ResultHandler) -> None:
+        """Decodes a result and hands it to the engine (which times its own apply)."""
+        phases, arrived = self.phases, self.channel.received_at
+        decoding = clock()
+        phases.receive_s += decoding - arrived
+        sampled = decode_result(result)
+        phases.decode_s += clock() - decoding
+        phases.returned(result.batch_id, arrived)
+        on_result(result.batch_id, sampled)
+
     def _on_heartbeat(self, hb: stage_pb2.Heartbeat) -> None:
         if hb.tp_rank != 0 or hb.stage >= len(self.stages):
             return
-        self.stages[hb.stage].on_heartbeat(
-            time.monotonic(), hb.last_batch_id, hb.step_busy_s, hb.busy_s_total
-        )
+        stage = self.stages[hb.stage]
+        stage.on_heartbeat(time.monotonic(), hb.last_batch_id, hb.step_busy_s, hb.busy_s_total)
+        if hb.HasField("phases"):
+            stage.phases = hb.phases
 
     def inflight_on_stage(self, stage: int) -> int:
         return max(0, self.last_submitted_batch_id - self.stages[stage].last_batch_id)

@@ -91,7 +91,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled", "idle_pct")
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled", "idle_pct", "phases")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TP_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class StageStatus(_message.Message):
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     STALLED_FIELD_NUMBER: _ClassVar[int]
     IDLE_PCT_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     stage: int
     host: str
     tp_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -116,7 +117,60 @@ class StageStatus(_message.Message):
     heartbeat_age_s: float
     stalled: bool
     idle_pct: float
-    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ...) -> None: ...
+    phases: StagePhases
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ..., phases: _Optional[_Union[StagePhases, _Mapping]] = ...) -> None: ...
+
+class StagePhases(_message.Message):
+    __slots__ = ("num_steps", "num_tokens", "step_s", "prepare_s", "recv_wait_s", "linear_s", "attention_s", "forward_other_s", "logits_s", "sample_s", "send_s")
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_S_FIELD_NUMBER: _ClassVar[int]
+    RECV_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_S_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_OTHER_S_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
+    num_steps: int
+    num_tokens: int
+    step_s: float
+    prepare_s: float
+    recv_wait_s: float
+    linear_s: float
+    attention_s: float
+    forward_other_s: float
+    logits_s: float
+    sample_s: float
+    send_s: float
+    def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., step_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., recv_wait_s: _Optional[float] = ..., linear_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., forward_other_s: _Optional[float] = ..., logits_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., send_s: _Optional[float] = ...) -> None: ...
+
+class ControllerPhases(_message.Message):
+    __slots__ = ("num_results", "num_tokens", "schedule_s", "encode_s", "send_s", "receive_s", "decode_s", "apply_s", "detokenize_s", "stream_s", "round_trip_s")
+    NUM_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_S_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    APPLY_S_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZE_S_FIELD_NUMBER: _ClassVar[int]
+    STREAM_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TRIP_S_FIELD_NUMBER: _ClassVar[int]
+    num_results: int
+    num_tokens: int
+    schedule_s: float
+    encode_s: float
+    send_s: float
+    receive_s: float
+    decode_s: float
+    apply_s: float
+    detokenize_s: float
+    stream_s: float
+    round_trip_s: float
+    def __init__(self, num_results: _Optional[int] = ..., num_tokens: _Optional[int] = ..., schedule_s: _Optional[float] = ..., encode_s: _Optional[float] = ..., send_s: _Optional[float] = ..., receive_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., stream_s: _Optional[float] = ..., round_trip_s: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
     __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s")
@@ -161,7 +215,7 @@ class LatencyStatus(_message.Message):
     def __init__(self, ttft_p50_s: _Optional[float] = ..., ttft_p99_s: _Optional[float] = ..., tbt_p50_s: _Optional[float] = ..., tbt_p99_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("stages", "scheduler", "latency", "throughput_tokens_per_s", "model", "uptime_s", "serving", "problem")
+    __slots__ = ("stages", "scheduler", "latency", "throughput_tokens_per_s", "model", "uptime_s", "serving", "problem", "controller_phases")
     STAGES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +224,7 @@ class StatusResponse(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_PHASES_FIELD_NUMBER: _ClassVar[int]
     stages: _containers.RepeatedCompositeFieldContainer[StageStatus]
     scheduler: SchedulerStatus
     latency: LatencyStatus
@@ -178,4 +233,5 @@ class StatusResponse(_message.Message):
     uptime_s: float
     serving: bool
     problem: str
-    def __init__(self, stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., scheduler: _Optional[_Union[SchedulerStatus, _Mapping]] = ..., latency: _Optional[_Union[LatencyStatus, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., serving: _Optional[bool] = ..., problem: _Optional[str] = ...) -> None: ...
+    controller_phases: ControllerPhases
+    def __init__(self, stages: _Optional[_Iterable[_Union[StageStatus, _Mapping]]] = ..., scheduler: _Optional[_Union[SchedulerStatus, _Mapping]] = ..., latency: _Optional[_Union[LatencyStatus, _Mapping]] = ..., throughput_tokens_per_s: _Optional[float] = ..., model: _Optional[str] = ..., uptime_s: _Optional[float] = ..., serving: _Optional[bool] = ..., problem: _Optional[str] = ..., controller_phases: _Optional[_Union[ControllerPhases, _Mapping]] = ...) -> None: ...
