@@ -77,7 +77,7 @@ class LiveRun:
         )
 
 
-async def _status(stub: generate_pb2_grpc.GenerationStub) -> generate_pb2.StatusResponse:
+async def read_status(stub: generate_pb2_grpc.GenerationStub) -> generate_pb2.StatusResponse:
     response: generate_pb2.StatusResponse = await stub.Status(
         generate_pb2.StatusRequest(), timeout=10
     )
@@ -100,14 +100,14 @@ async def replay(
     prompts = [rng.integers(1, PROMPT_ID_LIMIT, r.num_prompt_tokens).tolist() for r in requests]
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
-        before = await _status(stub)
+        before = await read_status(stub)
         clock = time.perf_counter
         start = clock()
         lo, hi = steady_window([r.arrival_s for r in requests])
 
         async def status_at(t: float) -> generate_pb2.StatusResponse:
             await asyncio.sleep(max(0.0, start + t - clock()))
-            return await _status(stub)
+            return await read_status(stub)
 
         edges = asyncio.gather(status_at(lo), status_at(hi))
 
@@ -137,7 +137,7 @@ async def replay(
 
         records = await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True)))
         end = clock()
-        after = await _status(stub)
+        after = await read_status(stub)
         at_lo, at_hi = await edges
     busy = busy_between(before, after)
     steady = BusyWindow(lo, hi, tuple(busy_between(at_lo, at_hi))) if hi > lo else None

@@ -12,6 +12,7 @@ from sarathictl.bench import (
     scheduler_speed,
     simulate_cmd,
     stage_step,
+    step_breakdown,
 )
 
 
@@ -25,3 +26,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stage_step.register(bench_sub)
     run_cmd.register(bench_sub)
     controller_step.register(bench_sub)
+    step_breakdown.register(bench_sub)
