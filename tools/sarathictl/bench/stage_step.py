@@ -30,7 +30,7 @@ import torch
 from controller.scheduler.step_cost import attended
 from controller.simulator.step_cost_fit import nonnegative_fit
 from sarathictl.argtypes import comma_list, device, int_at_least
-from stage_worker.attention import SeqSlice, decode_kernel, make_backend
+from stage_worker.attention import SeqSlice, cpu_kernel, make_backend
 from stage_worker.attention.base import build_metadata
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
@@ -282,8 +282,8 @@ class Report:
     device_name: str
     attention: str
     small_batch_kernel: bool
-    decode_kernel: bool
-    """CPU decode attention ran on the C kernel (decode_kernel.py)."""
+    cpu_attention_kernel: bool
+    """CPU attention ran on the C kernel (cpu_kernel.py)."""
     threads: int
     context_tokens: int
     param_bytes: int
@@ -331,7 +331,7 @@ def make_report(
         device_name=torch.cuda.get_device_name(args.device) if cuda else "cpu",
         attention=args.attention,
         small_batch_kernel=args.small_batch_kernel,
-        decode_kernel=args.decode_kernel and not cuda and decode_kernel.available(),
+        cpu_attention_kernel=not cuda and cpu_kernel.available(),
         threads=torch.get_num_threads(),
         context_tokens=args.context_tokens,
         param_bytes=model.param_bytes,
@@ -363,7 +363,7 @@ def print_report(r: Report) -> None:
     print(
         f"{r.model}: {r.param_bytes / 1e6:.1f} MB of {r.dtype} weights on {r.device_name} "
         f"({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
-        f"attention={r.attention}{' (C decode kernel)' if r.decode_kernel else ''}\n"
+        f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}\n"
     )
     print("| step | tokens | step ms | CUDA graph ms | tokens/s | against the limit |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.num_threads)
     if args.small_batch_kernel:
         gemv.enable()
-    decode_kernel.set_enabled(args.decode_kernel)
+    cpu_kernel.set_enabled(args.cpu_attention_kernel)
     model, name = load_model(args, DTYPES[args.dtype])
     bench = StageBench(
         model,
@@ -472,11 +472,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="CPU bf16, one thread: steps of up to 2 tokens on the streaming GEMV kernel",
     )
     p.add_argument(
-        "--decode-kernel",
+        "--cpu-attention-kernel",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CPU: decode attention on the C kernel where the CPU has AVX-512 with bf16 "
-        "(--no-decode-kernel: the plain torch path, to compare)",
+        help="CPU: attention on the C kernel where the CPU has AVX-512 with bf16 "
+        "(--no-cpu-attention-kernel: the plain torch path, to compare)",
     )
     p.add_argument(
         "--cuda-graphs",

@@ -1,5 +1,8 @@
-/* Paged decode attention on the CPU: one query token per sequence against its cached keys and
- * values, read in place through the sequence's block table.
+/* Paged attention on the CPU for every token of a step: each query token against its own
+ * context (a decode's whole sequence, or a prompt token's causal prefix), keys and values read
+ * in place through its sequence's block table. Prefill chunks and decodes go through the same
+ * loop: a chunk's tokens are rows with the chunk's table and growing context lengths, and read
+ * the same rows one after another while they sit in the core's caches.
  *
  * The plain-torch path first gathers each sequence's blocks into a padded [B, L, Hkv, D] copy
  * and then lets matmul copy them again into the layout a batched product wants: at a batch of
@@ -242,14 +245,15 @@ static void attend_any(const char *q, const char *kc, const char *vc, const int6
 }
 #undef CASE
 
-/* q: [B, Hq, D] contiguous, same dtype as the caches; k_cache, v_cache: [num_blocks,
- * block_size, Hkv, D] contiguous; block_table: [B, max_blocks] int64; context_lens: [B] int64
+/* q: [T, Hq, D] contiguous, one row per query token, same dtype as the caches; k_cache,
+ * v_cache: [num_blocks, block_size, Hkv, D] contiguous; block_table: [T, max_blocks] int64, the
+ * table of each token's sequence; context_lens: [T] int64, the positions each token attends
  * (each >= 1 and covered by its row of the table); scratch: float32, at least
- * group * (max context_len rounded up to 16) values; out: [B, Hq, D] contiguous, the caches'
+ * group * (max context_len rounded up to 16) values; out: [T, Hq, D] contiguous, the caches'
  * dtype.
  * Hq = Hkv * group with group <= 64; D a multiple of 16, at most 256. */
-int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache,
-                           const int64_t *block_table, const int64_t *context_lens, int64_t batch,
+int paged_attention(const void *q, const void *k_cache, const void *v_cache,
+                           const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t block_size, int64_t max_blocks, float scale, float *scratch,
                            void *out, int is_bf16) {
@@ -257,7 +261,7 @@ int paged_decode_attention(const void *q, const void *k_cache, const void *v_cac
     if (group * num_kv_heads != num_q_heads || group > 64 || head_dim % 16 || head_dim > 256)
         return 1;
     const int64_t elem = is_bf16 ? 2 : 4, row_stride = num_kv_heads * head_dim;
-    for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t b = 0; b < tokens; ++b) {
         const int64_t *table = block_table + b * max_blocks;
         const char *qb = (const char *)q + b * num_q_heads * head_dim * elem;
         char *ob = (char *)out + b * num_q_heads * head_dim * elem;

@@ -1,7 +1,8 @@
-"""The CPU decode-attention kernel (decode_attention.c): one query per sequence over its paged
-context, read in place. Used by the torch backend for decodes on CPUs with AVX-512 and its
-bf16 instructions (bf16 and float32 caches); anything else keeps the torch path (paged_decode
-in torch_backend.py)."""
+"""The CPU attention kernel (paged_attention.c): every query token of a step over its own paged
+context (a decode's sequence, a prompt token's causal prefix), read in place. The torch backend
+runs whole steps on it on CPUs with AVX-512 and its bf16 instructions (bf16 and float32
+caches); anything else keeps the torch path (SDPA per prefill chunk, paged_decode for
+decodes)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from stage_worker import native
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCE = Path(__file__).with_name("paged_attention.c")
 _FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 MAX_GROUP = 64
 """Query heads per KV head the kernel takes (Falcon-180B's TP-4 shard has 29)."""
@@ -23,7 +24,8 @@ _enabled = True
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turns the kernel off (the torch path runs), e.g. to time one against the other."""
+    """Turns the kernel on or off (off: the torch path runs), e.g. to time one against the
+    other; steps prepared from then on follow it."""
     global _enabled
     _enabled = enabled
 
@@ -31,7 +33,7 @@ def set_enabled(enabled: bool) -> None:
 @cache
 def _kernel() -> Callable[..., int] | None:
     needs = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-    fn = native.load(SOURCE, "paged_decode_attention", _FLAGS, needs)
+    fn = native.load(SOURCE, "paged_attention", _FLAGS, needs)
     if fn is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -46,30 +48,34 @@ def available() -> bool:
     return _enabled and _kernel() is not None
 
 
-def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether decodes of q ([B, Hq, D]) over k_cache ([blocks, bs, Hkv, D]) can run here."""
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
+def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel is available and takes this head layout."""
     return (
-        _enabled
-        and q.device.type == "cpu"
-        and q.dtype == k_cache.dtype
-        and q.dtype in (torch.bfloat16, torch.float32)
-        and head_dim % 16 == 0
+        head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
         and num_q_heads % num_kv_heads == 0
         and num_q_heads // num_kv_heads <= MAX_GROUP
-        and k_cache.is_contiguous()
-        and _kernel() is not None
+        and available()
     )
 
 
-def scratch_floats(num_q_heads: int, num_kv_heads: int, head_dim: int, max_context: int) -> int:
+def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether tokens q ([T, Hq, D]) over k_cache ([blocks, bs, Hkv, D]) can run here."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k_cache.dtype
+        and q.dtype in (torch.bfloat16, torch.float32)
+        and k_cache.is_contiguous()
+        and takes_heads(q.shape[1], k_cache.shape[2], q.shape[2])
+    )
+
+
+def scratch_floats(num_q_heads: int, num_kv_heads: int, max_context: int) -> int:
     """float32 values of scratch the kernel needs for one call: a KV head's scores."""
     return num_q_heads // num_kv_heads * (-(-max_context // 16) * 16)
 
 
-def paged_decode(
+def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -77,11 +83,12 @@ def paged_decode(
     context_lens: torch.Tensor,
     scratch: torch.Tensor,
 ) -> torch.Tensor:
-    """q: [B, Hq, D]; caches: [blocks, bs, Hkv, D] contiguous; block_table: [B, max_blocks]
-    int64 contiguous; context_lens: [B] int64; scratch: float32 of scratch_floats() values
-    -> [B, Hq, D] in the caches' dtype. Call only where usable() holds."""
+    """q: [T, Hq, D], one row per query token; caches: [blocks, bs, Hkv, D] contiguous;
+    block_table: [T, max_blocks] int64 contiguous, each token's sequence's table; context_lens:
+    [T] int64, the positions each token attends; scratch: float32 of scratch_floats() values
+    -> [T, Hq, D] in the caches' dtype. Call only where usable() holds."""
     fn = _kernel()
-    assert fn is not None, "paged_decode() called where usable() is False"
+    assert fn is not None, "attend() called where usable() is False"
     q = q.contiguous()
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -93,5 +100,5 @@ def paged_decode(
         int(q.dtype == torch.bfloat16),
     )  # fmt: skip
     if status != 0:
-        raise ValueError(f"decode kernel refused heads {num_q_heads}/{num_kv_heads}x{head_dim}")
+        raise ValueError(f"attention kernel refused heads {num_q_heads}/{num_kv_heads}x{head_dim}")
     return out

@@ -1,0 +1,140 @@
+"""The CPU attention kernel (stage_worker/attention/cpu_kernel.py) against the torch path it
+replaces: decodes on ragged contexts over shuffled blocks, and whole steps of prompt chunks
+(first and later ones) beside decodes through the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stage_worker.attention import SeqSlice, cpu_kernel
+from stage_worker.attention.base import build_metadata
+from stage_worker.attention.torch_backend import TorchAttention, paged_decode
+
+BLOCK_SIZE = 16
+
+needs_kernel = pytest.mark.skipif(
+    cpu_kernel._kernel() is None, reason="the CPU attention kernel cannot run here (no AVX-512)"
+)
+
+
+def _case(
+    lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, ...]:
+    """q [B, Hq, D], caches [blocks, bs, Hkv, D], a shuffled block table [B, max_blocks]."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per = [-(-n // BLOCK_SIZE) for n in lens]
+    num_blocks = sum(blocks_per) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()  # blocks out of order
+    table = torch.zeros(len(lens), max(blocks_per), dtype=torch.int64)
+    at = 0
+    for b, n in enumerate(blocks_per):
+        table[b, :n] = torch.tensor(order[at : at + n])
+        at += n
+    shape = (num_blocks, BLOCK_SIZE, hkv, d)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = (torch.randn(len(lens), hq, d, generator=gen) * 2).to(dtype)  # sharper softmax
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int64)
+
+
+def _reference(q, k_cache, v_cache, table, lens) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The torch path in float32: [B, Hq, D]."""
+    max_len = int(lens.max())
+    mask = (torch.arange(max_len)[None, :] < lens[:, None])[:, None, None, :]
+    return paged_decode(q.float(), k_cache.float(), v_cache.float(), table.flatten(), max_len, mask)
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    # float32: summation order only; bf16: the output rounded once (2^-8 relative)
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-7, atol=4e-3)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("lens", "hq", "hkv", "d"),
+    [
+        ([1], 4, 4, 64),  # one position, no grouping
+        ([17, 600, 33, 1, 250], 9, 3, 64),  # the demo model's heads, ragged, block tails
+        ([300, 129], 29, 1, 64),  # Falcon-180B's TP-4 group of 29 query heads
+        ([5, 40], 8, 2, 128),
+        ([64], 2, 1, 256),
+        ([20, 3], 2, 1, 48),  # an odd number of 16-value pieces
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decodes_match_the_torch_path(
+    lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype
+) -> None:
+    q, k_cache, v_cache, table, context = _case(lens, hq, hkv, d, dtype, seed=len(lens) + d)
+    scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, max(lens)))
+    got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch)
+    assert got.shape == q.shape and got.dtype == dtype
+    want = _reference(q, k_cache, v_cache, table, context)
+    torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
+
+
+@needs_kernel
+def test_a_strided_query_is_read_right() -> None:
+    q, k_cache, v_cache, table, context = _case([40, 70], 4, 2, 64, torch.float32, seed=3)
+    wide = torch.cat([q, torch.zeros_like(q)], dim=2)[:, :, :64]  # non-contiguous view of q
+    scratch = torch.empty(cpu_kernel.scratch_floats(4, 2, 70))
+    got = cpu_kernel.attend(wide, k_cache, v_cache, table, context, scratch)
+    torch.testing.assert_close(got, _reference(q, k_cache, v_cache, table, context))
+
+
+def _backend_step(
+    seqs: list[SeqSlice], dtype: torch.dtype, seed: int, hq: int = 6, hkv: int = 2, d: int = 64
+) -> torch.Tensor:
+    """One layer's attention over a step of `seqs` through the torch backend -> [T, Hq, D]."""
+    gen = torch.Generator().manual_seed(seed)
+    # drawn at fixed sizes, so that a row's inputs do not depend on the other sequences
+    k_cache = torch.randn(16, BLOCK_SIZE, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(16, BLOCK_SIZE, hkv, d, generator=gen).to(dtype)
+    num_tokens = sum(s.num_tokens for s in seqs)
+    q = torch.randn(MAX_TOKENS, hq, d, generator=gen).to(dtype)[:num_tokens]  # [T, Hq, D]
+    k = torch.randn(MAX_TOKENS, hkv, d, generator=gen).to(dtype)[:num_tokens]
+    v = torch.randn(MAX_TOKENS, hkv, d, generator=gen).to(dtype)[:num_tokens]
+    backend, meta = TorchAttention(), build_metadata(seqs, BLOCK_SIZE, "cpu")
+    backend.prepare(meta, hq, hkv, d)
+    return backend.forward(q, k, v, k_cache, v_cache, meta)
+
+
+MAX_TOKENS = 66
+
+# a first chunk, a later chunk (it sees the cached prefix), decodes, in step order
+MIXED = [
+    SeqSlice(0, 1, 20, (3, 7)),
+    SeqSlice(1, 40, 40, (10, 11, 12)),
+    SeqSlice(41, 1, 45, (0, 1, 9)),
+    SeqSlice(42, 24, 57, (5, 13, 14, 15)),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_step_matches_the_torch_path(dtype: torch.dtype) -> None:
+    calls: list[int] = []
+    kernel = cpu_kernel.attend
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return kernel(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_kernel, "attend", counted)
+        got = _backend_step(MIXED, dtype, seed=1)
+    assert calls == [1]  # the whole step in one call
+    cpu_kernel.set_enabled(False)
+    try:
+        want = _backend_step(MIXED, dtype, seed=1)  # SDPA per chunk, paged_decode for decodes
+    finally:
+        cpu_kernel.set_enabled(True)
+    torch.testing.assert_close(got.float(), want.float(), **_tolerance(dtype))  # type: ignore[arg-type]
+
+
+@needs_kernel
+def test_decodes_alone_equal_decodes_beside_prompts() -> None:
+    alone = _backend_step([MIXED[0]], torch.bfloat16, seed=2)
+    mixed = _backend_step(MIXED, torch.bfloat16, seed=2)
+    assert torch.equal(alone[0], mixed[0])
