@@ -1,12 +1,14 @@
 """`sarathictl up` and `demo` pick defaults that fit the machine: bf16 where the CPU computes it
-natively, and the cores shared out among the workers."""
+natively, the cores shared out among the workers, and a token budget sized for CPU stages."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 from sarathictl.commands import up
+from sarathictl.local_cluster import LocalClusterConfig
 
 
 @pytest.mark.parametrize(
@@ -56,3 +58,15 @@ def test_budget_flags_reach_the_controller() -> None:
     assert up.budget_args(parser.parse_args([])) == ()
     args = parser.parse_args(["--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5"])
     assert up.budget_args(args) == ("--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5")
+
+
+def test_a_local_cluster_defaults_to_a_cpu_sized_budget(tmp_path: Path) -> None:
+    """A decode riding with a prompt chunk waits for the whole micro-batch: on one CPU core per
+    stage a 512-token chunk is ~200 ms a stage, so `up --local` (CPU workers only) takes 128."""
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    up.add_cluster_flags(parser)
+    args = parser.parse_args(["--model", str(tmp_path)])
+    assert args.budget == 128
+    assert up.cluster_config(args, port=1).budget_tokens == 128
+    assert LocalClusterConfig(model_dir=str(tmp_path)).budget_tokens == 128

@@ -40,6 +40,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+LOCAL_BUDGET_TOKENS = 128
+"""The token budget of a local (CPU) cluster. A micro-batch's stage time is what a decode riding
+in it waits: on one CPU core a 512-token chunk of the demo model takes ~200 ms a stage, 128 tokens
+~50 ms. Side by side with vLLM (BENCHMARKS.md, 2026-11-23 session 3) 128 against 512 cut P99 TBT
+from ~500 to ~150 ms and TTFT by a third under load, at the same throughput within noise; GPU
+deployments keep the paper's 512 (the Helm chart's own value)."""
+
+
 @dataclass(frozen=True)
 class LocalClusterConfig:
     model_dir: str
@@ -50,7 +58,7 @@ class LocalClusterConfig:
     """Tensor-parallel ranks per stage."""
     policy: str = "sarathi"
     """Batching policy."""
-    budget_tokens: int = 512
+    budget_tokens: int = LOCAL_BUDGET_TOKENS
     """Token budget per micro-batch."""
     port: int = 50051
     """gRPC port of the controller; 0 picks a free one."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
 from sarathictl.argtypes import float_in, int_at_least, port
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker.models import DTYPES
 
 
@@ -47,7 +47,12 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=positive, default=2, help="pipeline stages")
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
-    p.add_argument("--budget", type=positive, default=512, help="token budget per micro-batch")
+    p.add_argument(
+        "--budget",
+        type=positive,
+        default=LOCAL_BUDGET_TOKENS,
+        help=f"token budget per micro-batch (default {LOCAL_BUDGET_TOKENS}: sized for CPU workers)",
+    )
     p.add_argument(
         "--dtype",
         default="auto",
