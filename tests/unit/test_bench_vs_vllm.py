@@ -190,3 +190,17 @@ def test_runs_saved_apart_report_together(tmp_path: Path) -> None:
         ("sarathi", "conversation-x0.5", math.inf),
         ("vllm", "random-512-128", 1.0),  # the rate is the file's own, not its name's
     ]
+
+
+def test_ours_takes_extra_up_flags_under_a_label_of_its_own() -> None:
+    from bench_vs_vllm.servers import sarathi_spec
+
+    plain = sarathi_spec(Path("sarathictl"), Path("/m/demo"), 8200)
+    assert plain.name == "sarathi" and "--budget" not in plain.command
+    timed = sarathi_spec(
+        Path("sarathictl"), Path("/m/demo"), 8200, 256, ("--time-budget", "0.05"), "time"
+    )
+    assert timed.name == "sarathi-time"  # its results never overwrite the plain runs
+    assert timed.command[-4:] == ["--budget", "256", "--time-budget", "0.05"]
+    with pytest.raises(ValueError, match="label"):
+        sarathi_spec(Path("sarathictl"), Path("/m/demo"), 8200, 0, ("--time-budget", "0.05"))

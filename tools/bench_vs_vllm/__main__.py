@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import signal
 import sys
 import time
@@ -69,6 +70,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sarathictl", type=Path, default=REPO / ".venv/bin/sarathictl")
     p.add_argument(
         "--sarathi-budget", type=int, default=0, help="ours with this token budget (0: up's)"
+    )
+    p.add_argument(
+        "--sarathi-args",
+        default="",
+        help="more flags for ours' `sarathictl up`, one string (e.g. \"--time-budget 0.05 "
+        "--step-cost 0.004,7e-5,1e-7\"); needs --sarathi-label",
+    )
+    p.add_argument(
+        "--sarathi-label", default="", help="names ours as sarathi-LABEL in the results"
     )
     p.add_argument("--vllm-port", type=int, default=8100)
     p.add_argument("--sarathi-port", type=int, default=8200)
@@ -151,7 +161,10 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
             args.vllm_bin, args.model, args.model.name, args.vllm_port,
             args.vllm_kv_cache_gib, cpus, args.vllm_prefix_caching,
         )  # fmt: skip
-    return sarathi_spec(args.sarathictl, args.model, args.sarathi_port, args.sarathi_budget)
+    return sarathi_spec(
+        args.sarathictl, args.model, args.sarathi_port, args.sarathi_budget,
+        tuple(shlex.split(args.sarathi_args)), args.sarathi_label,
+    )  # fmt: skip
 
 
 def result_path(args: argparse.Namespace, system: str, workload: str, rate: float) -> Path:

@@ -65,10 +65,18 @@ def vllm_spec(
     return ServerSpec("vllm", command, port, env)
 
 
-def sarathi_spec(sarathictl: Path, model: Path, port: int, budget: int = 0) -> ServerSpec:
+def sarathi_spec(
+    sarathictl: Path,
+    model: Path,
+    port: int,
+    budget: int = 0,
+    extra_args: tuple[str, ...] = (),
+    label: str = "",
+) -> ServerSpec:
     """`sarathictl up --local` with its default layout, bf16, the OpenAI API on `port`. The
     served model name is the folder's name (as vLLM's --served-model-name is set to). A
-    `budget` other than 0 replaces up's default token budget and names the system after it."""
+    `budget` other than 0 replaces up's default token budget and names the system after it;
+    `extra_args` go to `up` as they are, and `label` names such a system (sarathi-LABEL)."""
     command = [
         str(sarathictl), "up", "--local",
         "--model", str(model),
@@ -77,9 +85,15 @@ def sarathi_spec(sarathictl: Path, model: Path, port: int, budget: int = 0) -> S
         "--http-port", str(port),
         "--no-restart",  # a worker that dies fails the run instead of hiding in it
     ]  # fmt: skip
+    name = "sarathi"
     if budget:
-        return ServerSpec(f"sarathi-budget{budget}", [*command, "--budget", str(budget)], port)
-    return ServerSpec("sarathi", command, port)
+        command += ["--budget", str(budget)]
+        name = f"sarathi-budget{budget}"
+    if extra_args and not label:
+        raise ValueError("extra arguments for up need a label to name the system by")
+    if label:
+        name = f"sarathi-{label}"
+    return ServerSpec(name, [*command, *extra_args], port)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
