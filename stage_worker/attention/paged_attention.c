@@ -9,15 +9,15 @@
  * 32 over 600-token contexts those two copies were 85% of a bf16 decode step of the demo model
  * (BENCHMARKS.md). Here every key and value row is read once, where it lies, and never written.
  *
- * Per sequence and KV head: (1) the scores of the head's group of query heads against every
+ * Per query token and KV head: (1) the scores of the head's group of query heads against every
  * position, each key row loaded once for the whole group; (2) softmax in float32 with a
  * vectorized exp; (3) the values weighted by the probabilities, each value row loaded once for
- * the group. The scores of one sequence and head stay in a caller-given float32 buffer (a few
+ * the group. The scores of one token and head stay in a caller-given float32 buffer (a few
  * KiB: it stays in L1/L2 between the passes). Everything is summed in float32 and the output is
  * rounded once (to bf16, nearest, ties to even, for a bf16 cache).
  *
- * Built by stage_worker/native.py with -O3 -mavx512f -mavx512bw -mavx512vl -mavx512bf16, used only on
- * CPUs that report all four; head_dim must be a multiple of 16 (the caller checks).
+ * Built by stage_worker/native.py with -O3 -mavx512f -mavx512bw -mavx512vl -mavx512bf16, used
+ * only on CPUs that report all four; head_dim must be a multiple of 16 (the caller checks).
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -202,10 +202,10 @@ value_pass(const char *vc, const int64_t *table, int64_t len, int64_t block_size
     }
 }
 
-/* One sequence, one KV head h, its `group` query heads; nv = head_dim / 16 is a constant after
- * inlining, so the key, value and sum vectors live in registers. q: [group, D] float32,
- * pre-scaled; scores: [group, len] float32 scratch; out_head0: the output row of the group's
- * first query head. */
+/* One query token, one KV head h, its `group` query heads; nv = head_dim / 16 is a constant
+ * after inlining, so the key, value and sum vectors live in registers. q: [group, D] in the
+ * cache's dtype; scale: applied to the scores; scores: [group, len] float32 scratch; out_head0:
+ * the output row of the group's first query head. */
 static inline __attribute__((always_inline)) void
 attend_head(const char *q, const char *kc, const char *vc, const int64_t *table, int64_t len,
             int64_t block_size, int64_t row_stride, int64_t h, int64_t group, float scale,
