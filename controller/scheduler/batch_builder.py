@@ -8,6 +8,7 @@ recompute, and the token budget.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,9 +47,46 @@ class BatchBuilder:
         self.num_prompt_tokens = 0
         """Tokens of prompt chunks (not decodes) in the micro-batch."""
 
+        self._prompt_cap: int | None = None
+
     @property
     def budget_left(self) -> int:
         return self.budget_tokens - self.num_tokens
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens this micro-batch may still take: the budget left, and with spread
+        prompts its share of the prompt tokens there are (prompt_cap)."""
+        if self._prompt_cap is None:
+            self._prompt_cap = self._share_of_prompts()
+        return min(self.budget_left, self._prompt_cap - self.num_prompt_tokens)
+
+    def _share_of_prompts(self) -> int:
+        """With spread prompts: 1/PP of the prompt tokens of this round of PP micro-batches
+        (those in flight, plus the prompt tokens not yet scheduled: running prompts' rest, then
+        the waiting ones the running-sequence cap lets in, counted only until there is enough
+        for PP micro-batches), at least a
+        tile; else no cap. Two stages running a full micro-batch beside one of decodes alone
+        idle one stage for the difference; two half ones keep both busy and finish the prompt
+        no later (its chunks follow each other through the pipeline)."""
+        sched = self._sched
+        if not sched.spread_prompts:
+            return self.budget_tokens
+        depth = sched.config.pipeline_depth
+        enough = depth * self.budget_tokens
+        available = sum(sched.inflight_prompt_tokens.values())
+        for seq in sched.not_decoding.values():
+            available += seq.num_uncomputed_tokens
+            if available >= enough:
+                return self.budget_tokens
+        admissible = sched.config.max_num_seqs - len(sched.running)  # the rest cannot start
+        for seq in islice(sched.waiting, max(0, admissible)):
+            available += seq.num_tokens
+            if available >= enough:
+                return self.budget_tokens
+        tile = sched.config.tile_tokens
+        share = -(-available // depth)
+        return max(tile, -(-share // tile) * tile)
 
     @property
     def num_running(self) -> int:
@@ -320,7 +358,7 @@ class BatchBuilder:
             chunk = min(
                 remaining,
                 sched.config.max_chunk_tokens(seq.num_computed_tokens),
-                self.budget_left,
+                self.prompt_left,
             )
             chunk = self._time_limited(seq.num_computed_tokens, chunk)
             if chunk <= 0:
@@ -342,7 +380,7 @@ class BatchBuilder:
             seq = sched.waiting[0]
             remaining = seq.num_tokens  # nothing is computed for a waiting sequence
             if chunked:
-                chunk = min(remaining, sched.config.max_chunk_tokens(0), self.budget_left)
+                chunk = min(remaining, sched.config.max_chunk_tokens(0), self.prompt_left)
                 chunk = self._time_limited(0, chunk)
                 if chunk <= 0:
                     break

@@ -35,15 +35,22 @@ class Scheduler:
         cache: CacheConfig,
         vector_decodes_from: int = VECTOR_DECODES_FROM,
         spread_decodes: bool = True,
+        spread_prompts: bool = False,
     ) -> None:
         """vector_decodes_from: a speed knob only, the micro-batches are the same either way
         (tests set it to exercise both paths). spread_decodes: with PP > 1, spread the decoding
         sequences over the micro-batches in flight (BatchBuilder.add_decodes); off, every ready
         decode goes into the next micro-batch, as before (a reference for tests and
-        measurements; with PP = 1 the two are the same)."""
+        measurements; with PP = 1 the two are the same). spread_prompts: with PP > 1 and chunks
+        pipelined, prompt tokens too few to fill PP micro-batches are shared out over the next
+        PP micro-batches (BatchBuilder.prompt_cap) instead of filling one and leaving the next
+        with decodes alone, which idles a stage for the difference (BENCHMARKS.md, issue 15)."""
         self.config = config
         self.vector_decodes_from = vector_decodes_from
         self.spread_decodes = spread_decodes and config.pipeline_depth > 1
+        self.spread_prompts = (
+            spread_prompts and config.pipeline_depth > 1 and config.pipeline_prefill_chunks
+        )
         self.cache = cache
         self.policy = make_policy(config.policy)
         self.block_manager = BlockManager(
@@ -61,6 +68,8 @@ class Scheduler:
         self._inflight: dict[int, MicroBatch] = {}
         self.inflight_decodes: dict[int, int] = {}
         """Decodes in each micro-batch in flight, by batch id (kept when spread_decodes)."""
+        self.inflight_prompt_tokens: dict[int, int] = {}
+        """Prompt tokens in each micro-batch in flight, by batch id (kept when spread_prompts)."""
         self._finished_since_last_batch: list[int] = []
         self._next_batch_id = 1
         self.num_preemptions = 0
@@ -130,6 +139,8 @@ class Scheduler:
         self._inflight[batch.batch_id] = batch
         if self.spread_decodes:
             self.inflight_decodes[batch.batch_id] = builder.num_decodes
+        if self.spread_prompts:
+            self.inflight_prompt_tokens[batch.batch_id] = builder.num_prompt_tokens
         return batch
 
     def on_result(self, batch_id: int, sampled: Mapping[int, int], now: float) -> list[Sequence]:
@@ -141,6 +152,7 @@ class Scheduler:
             raise ValueError(f"micro-batch {batch_id} is not in flight")
         if self.spread_decodes:
             del self.inflight_decodes[batch_id]
+        self.inflight_prompt_tokens.pop(batch_id, None)
         updated: list[Sequence] = []
         chunks = batch.other_chunks
         block = batch.decodes
@@ -283,6 +295,7 @@ class Scheduler:
         Returns the sequences sent back, oldest arrival first."""
         self._inflight.clear()
         self.inflight_decodes.clear()
+        self.inflight_prompt_tokens.clear()
         self._finished_since_last_batch = []
         requeued = sorted(self.running.values(), key=lambda s: (s.arrival_time, s.seq_id))
         for seq in reversed(requeued):  # appendleft: the oldest ends up first in the queue
@@ -422,4 +435,6 @@ class Scheduler:
             assert self.inflight_decodes.keys() == self._inflight.keys()
         else:
             assert not self.inflight_decodes and not self.roster.num_passed
+        if self.spread_prompts:
+            assert self.inflight_prompt_tokens.keys() == self._inflight.keys()
         self.block_manager.check_invariants(s.block_ids for s in self.running.values())

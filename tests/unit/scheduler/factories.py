@@ -28,6 +28,7 @@ def create_scheduler(
     watermark: float = 0.0,
     vector_decodes_from: int = VECTOR_DECODES_FROM,
     spread_decodes: bool = True,
+    spread_prompts: bool = False,
     **overrides: object,
 ) -> Scheduler:
     """vector_decodes_from=1: every decode goes in the micro-batch's vector block; a huge value:
@@ -47,6 +48,7 @@ def create_scheduler(
         CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
         vector_decodes_from,
         spread_decodes,
+        spread_prompts,
     )
 
 

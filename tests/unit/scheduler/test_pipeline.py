@@ -142,3 +142,28 @@ def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
         pipe.complete_oldest()
         (batch,) = pipe.fill()
         assert _decodes(batch, short) == _decodes(pipe.history[-1 - pp], short)
+
+
+@pytest.mark.parametrize("spread_prompts", [True, False])
+def test_a_lone_prompt_is_shared_out_over_the_pipeline(spread_prompts: bool) -> None:
+    """PP = 2, decodes running and one 256-token prompt arriving: spread, it goes as two chunks
+    of 128 in two consecutive micro-batches (equal work for both pipeline slots); not spread,
+    one micro-batch takes all its budget leaves beside its two decodes (254) and the next
+    carries the last 2 tokens and its decodes."""
+    sched = create_scheduler(
+        budget_tokens=256, tile_tokens=32, max_num_seqs=8, pipeline_depth=2,
+        spread_prompts=spread_prompts,
+    )  # fmt: skip
+    for seq_id in range(4):
+        add_request(sched, seq_id, prompt_len=4, max_tokens=20)
+    pipe = FakePipeline(sched)
+    pipe.fill()
+    pipe.complete_oldest()
+    pipe.fill()  # the four decode now, two a micro-batch
+    add_request(sched, 9, prompt_len=256, max_tokens=2)
+    pipe.complete_oldest()
+    (first,) = pipe.fill()
+    pipe.complete_oldest()
+    (second,) = pipe.fill()
+    prompt_tokens = [sum(c.num_tokens for c in b.chunks if c.seq_id == 9) for b in (first, second)]
+    assert prompt_tokens == ([128, 128] if spread_prompts else [254, 2])

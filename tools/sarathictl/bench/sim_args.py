@@ -65,6 +65,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
         "ready decode joins the next micro-batch, as before issue 15)",
     )
     s.add_argument(
+        "--spread-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=d.spread_prompts,
+        help="with PP > 1, share prompt tokens too few for PP micro-batches out over them "
+        "(opt-in; default: each micro-batch takes what its budget allows)",
+    )
+    s.add_argument(
         "--orca-paged",
         action="store_true",
         help="orca with a paged KV cache (default: as the paper ran it, KV reserved per request)",
@@ -116,6 +123,7 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         baseline_budget_tokens=args.baseline_budget,
         max_num_seqs=args.max_num_seqs,
         spread_decodes=args.spread_decodes,
+        spread_prompts=args.spread_prompts,
         time_budget=args.time_budget,
         orca_as_published=not args.orca_paged,
         workload=workload,

@@ -50,6 +50,8 @@ class SimSetup:
     profile_csv: str = ""
     """A measured profile instead of the analytic model (every stage costs what it says)."""
     spread_decodes: bool = True
+    spread_prompts: bool = False
+    """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
     """With PP > 1, decodes divided among the micro-batches in flight (Scheduler)."""
     time_budget: float | str = 0.0
     """Chunked policies: also budget each micro-batch in predicted stage time: seconds, or
@@ -82,7 +84,10 @@ class PreparedSim:
             raise ValueError(f"qps must be > 0, got {qps}")
         requests = [SimRequest(t / qps, p, o) for t, p, o in self.unit_requests]
         scheduler = Scheduler(
-            self.scheduler_config, self.cache_config, spread_decodes=self.setup.spread_decodes
+            self.scheduler_config,
+            self.cache_config,
+            spread_decodes=self.setup.spread_decodes,
+            spread_prompts=self.setup.spread_prompts,
         )
         pipeline = SimulatedPipeline(self.cost_model, record_intervals=record_intervals)
         result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
