@@ -75,11 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sarathi-args",
         default="",
         help="more flags for ours' `sarathictl up`, one string (e.g. \"--time-budget 0.05 "
-        "--step-cost 0.004,7e-5,1e-7\"); needs --sarathi-label",
+        '--step-cost 0.004,7e-5,1e-7"); needs --sarathi-label',
     )
-    p.add_argument(
-        "--sarathi-label", default="", help="names ours as sarathi-LABEL in the results"
-    )
+    p.add_argument("--sarathi-label", default="", help="names ours as sarathi-LABEL in the results")
     p.add_argument("--vllm-port", type=int, default=8100)
     p.add_argument("--sarathi-port", type=int, default=8200)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1)
