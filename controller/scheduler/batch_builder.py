@@ -46,8 +46,8 @@ class BatchBuilder:
         self.predicted_s = self.step_cost.fixed_s if self.step_cost else 0.0
         self.num_prompt_tokens = 0
         """Tokens of prompt chunks (not decodes) in the micro-batch."""
-
         self._prompt_cap: int | None = None
+        """Prompt tokens this micro-batch may take in all (_share_of_prompts), once asked."""
 
     @property
     def budget_left(self) -> int:
@@ -65,10 +65,10 @@ class BatchBuilder:
         """With spread prompts: 1/PP of the prompt tokens of this round of PP micro-batches
         (those in flight, plus the prompt tokens not yet scheduled: running prompts' rest, then
         the waiting ones the running-sequence cap lets in, counted only until there is enough
-        for PP micro-batches), at least a
-        tile; else no cap. Two stages running a full micro-batch beside one of decodes alone
-        idle one stage for the difference; two half ones keep both busy and finish the prompt
-        no later (its chunks follow each other through the pipeline)."""
+        for PP micro-batches), at least a tile; else no cap. Two stages running a full
+        micro-batch beside one of decodes alone idle one stage for the difference; two half
+        ones keep both busy and finish the prompt no later (its chunks follow each other
+        through the pipeline)."""
         sched = self._sched
         if not sched.spread_prompts:
             return self.budget_tokens
