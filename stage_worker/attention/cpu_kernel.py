@@ -59,14 +59,14 @@ def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     )
 
 
-def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether tokens q ([T, Hq, D]) over k_cache ([blocks, bs, Hkv, D]) can run here."""
+def takes_tensors(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel reads q ([T, Hq, D]) and k_cache ([blocks, bs, Hkv, D]) as they are
+    (their heads already checked by takes_heads when the step was prepared): once per layer,
+    so only what can differ from the step's preparation is looked at."""
     return (
-        q.device.type == "cpu"
-        and q.dtype == k_cache.dtype
+        q.dtype == k_cache.dtype
         and q.dtype in (torch.bfloat16, torch.float32)
         and k_cache.is_contiguous()
-        and takes_heads(q.shape[1], k_cache.shape[2], q.shape[2])
     )
 
 
@@ -86,9 +86,10 @@ def attend(
     """q: [T, Hq, D], one row per query token; caches: [blocks, bs, Hkv, D] contiguous;
     block_table: [T, max_blocks] int64 contiguous, each token's sequence's table; context_lens:
     [T] int64, the positions each token attends; scratch: float32 of scratch_floats() values
-    -> [T, Hq, D] in the caches' dtype. Call only where usable() holds."""
+    -> [T, Hq, D] in the caches' dtype. Call only where takes_heads() and takes_tensors()
+    hold."""
     fn = _kernel()
-    assert fn is not None, "attend() called where usable() is False"
+    assert fn is not None, "attend() called where the kernel is not available"
     q = q.contiguous()
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape

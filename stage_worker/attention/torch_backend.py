@@ -91,7 +91,8 @@ class TorchAttention:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         step = meta.extra.get("cpu_kernel")
-        if isinstance(step, _KernelStep) and cpu_kernel.usable(q, k_cache):
+        # a step prepared for the kernel (on the CPU, heads it takes, the kernel available)
+        if isinstance(step, _KernelStep) and cpu_kernel.takes_tensors(q, k_cache):
             return cpu_kernel.attend(
                 q, k_cache, v_cache, step.block_table, step.context_lens, step.scratch
             )
