@@ -52,11 +52,15 @@ def build_generation_request(
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     request_id: str = "",
+    resume_token_ids: Sequence[int] = (),
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
-    means the server's default; seed None draws a fresh one."""
+    means the server's default; seed None draws a fresh one. resume_token_ids: the output a
+    client already received, to go on from (the engine and scheduler check that it had not
+    ended)."""
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
+    check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
     if len(stop) > limits.max_stop_strings:
         raise InvalidRequestError(
             "stop", f"{len(stop)} stop strings; at most {limits.max_stop_strings} allowed"
@@ -84,7 +88,9 @@ def build_generation_request(
         stop_token_ids=stop_ids,
         sampling=sampling,
     )
-    return GenerationRequest(request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop))
+    return GenerationRequest(
+        request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop), tuple(resume_token_ids)
+    )
 
 
 def to_generation_request(
@@ -116,4 +122,5 @@ def to_generation_request(
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
         request_id=req.request_id,
+        resume_token_ids=req.resume_token_ids,
     )

@@ -17,7 +17,14 @@ from typing import NamedTuple, Protocol
 
 from controller.admission import AdmissionConfig, check_admission
 from controller.metrics import ControllerMetrics
-from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
+from controller.scheduler import (
+    FinishReason,
+    InvalidRequestError,
+    MicroBatch,
+    RequestParams,
+    Scheduler,
+    Sequence,
+)
 from controller.step_phases import ControllerPhases
 from controller.step_phases import clock as wall_clock
 from controller.telemetry import LatencyWindow, WorkWindow
@@ -49,6 +56,9 @@ class GenerationRequest:
     params: RequestParams
     stop: tuple[str, ...] = ()
     """Stop strings: the text ends right before the first one."""
+    resume_token_ids: tuple[int, ...] = ()
+    """A cut stream resumed: output tokens the client already has. They are recomputed with the
+    prompt, count toward max_tokens and are not streamed again."""
 
 
 class StreamEvent(NamedTuple):
@@ -128,24 +138,40 @@ class Engine:
         be served, ValueError for a request id already running."""
         if request.request_id in self._by_request_id:
             raise ValueError(f"request_id {request.request_id!r} is already running")
+        resumed = request.resume_token_ids
         check_admission(
             self.admission,
             self.scheduler.num_waiting,
             self.scheduler.num_waiting_prompt_tokens,
-            len(request.prompt_token_ids),
+            len(request.prompt_token_ids) + len(resumed),
             self.pipeline_up,
         )
+        text = self._text_stream_after(request)
         now = self.clock()
         if not self.scheduler.has_unfinished:
             self.last_progress_time = now  # the stall clock starts with the first request
         seq_id = self._next_seq_id
-        self.scheduler.add_request(seq_id, request.prompt_token_ids, request.params, now)
+        self.scheduler.add_request(
+            seq_id, request.prompt_token_ids, request.params, now, output_token_ids=resumed
+        )
         self._next_seq_id += 1
-        handle = RequestHandle(request.request_id, seq_id, now, self.make_text_stream(request))
+        handle = RequestHandle(request.request_id, seq_id, now, text, num_streamed=len(resumed))
         self._handles[seq_id] = handle
         self._by_request_id[request.request_id] = handle
         self._wake.set()
         return handle
+
+    def _text_stream_after(self, request: GenerationRequest) -> TextStream:
+        """The request's text stream, past the tokens a resumed request already has: their text
+        was sent, and what it held back (a partial character, a possible stop-string prefix) is
+        held back again, so the text that follows is the cut stream's."""
+        text = self.make_text_stream(request)
+        for token_id in request.resume_token_ids:
+            if text.push(token_id)[1]:
+                raise InvalidRequestError(
+                    "resume_token_ids", "the stream already ended: they contain a stop string"
+                )
+        return text
 
     def abort(self, request_id: str) -> bool:
         """Ends a request at the next step boundary: work in flight completes on every stage and

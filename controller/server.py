@@ -68,7 +68,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
             return
         try:
-            handle = engine.add(to_generation_request(request, self.limits, self.encode))
+            generation = to_generation_request(request, self.limits, self.encode)
+            handle = engine.add(generation)
         except AdmissionError as err:
             # The retry hint, in seconds, as HTTP's Retry-After; also in the message for people.
             context.set_trailing_metadata((("retry-after", f"{err.retry_after_s:g}"),))
@@ -85,12 +86,16 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         except ValueError as err:  # a request id that is already running
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
             return
+        # The first message says which seed the request runs with, for a resume.
+        seed: int | None = generation.params.sampling.seed
         try:
             while True:
                 event = await handle.events.get()
                 response = generate_pb2.GenerateResponse(
                     request_id=handle.request_id, text=event.text, token_ids=event.token_ids
                 )
+                if seed is not None:
+                    response.seed, seed = seed, None
                 if event.finish_reason is FinishReason.ABORT and self.shutting_down:
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"

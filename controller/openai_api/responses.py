@@ -34,25 +34,36 @@ class ResponseIds:
     model: str
     kind: Kind
     created_s: int = field(default_factory=lambda: int(time.time()))
+    seed: int | None = None
+    """Set when the request asked for return_token_ids: the seed to resume with."""
 
     def header(self, *, chunk: bool) -> dict[str, object]:
         if self.kind == "completion":
             obj = "text_completion"
         else:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
-        return {
+        header: dict[str, object] = {
             "id": self.request_id,
             "object": obj,
             "created": self.created_s,
             "model": self.model,
         }
+        if self.seed is not None:
+            header["seed"] = self.seed
+        return header
 
 
 def full_response(
-    ids: ResponseIds, text: str, finish_reason: str, usage_counts: dict[str, int]
+    ids: ResponseIds,
+    text: str,
+    finish_reason: str,
+    usage_counts: dict[str, int],
+    token_ids: list[int] | None = None,
 ) -> dict[str, object]:
-    """A non-streamed answer."""
+    """A non-streamed answer; token_ids: the output's ids, when the request asked for them."""
     choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     if ids.kind == "completion":
         choice["text"] = text
     else:
@@ -67,10 +78,14 @@ def chunk(
     finish_reason: str | None = None,
     role: bool = False,
     include_usage: bool = False,
+    token_ids: list[int] | None = None,
 ) -> dict[str, object]:
     """One streamed choice delta. role: the chat stream's first chunk, which names the speaker.
-    include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`."""
+    include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`.
+    token_ids: the ids this chunk's text came from, when the request asked for them."""
     choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     if ids.kind == "completion":
         choice["text"] = text or ""
     else:

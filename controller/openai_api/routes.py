@@ -108,17 +108,27 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
         raise not_ready() from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
         raise invalid_request(err) from err
-    ids = ResponseIds(handle.request_id, state.model_name, kind)
+    seed = parsed.generation.params.sampling.seed if parsed.return_token_ids else None
+    ids = ResponseIds(handle.request_id, state.model_name, kind, seed=seed)
     if parsed.stream:
         return StreamingResponse(
-            sse_stream(ids, handle, serving.engine, request.receive, parsed.include_usage),
+            sse_stream(
+                ids,
+                handle,
+                serving.engine,
+                request.receive,
+                parsed.include_usage,
+                parsed.return_token_ids,
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    text, last = await collect(handle, serving.engine, request.receive)
+    text, token_ids, last = await collect(handle, serving.engine, request.receive)
     assert last.finish_reason is not None
     counts = usage(last.num_prompt_tokens, last.num_output_tokens)
-    return JSONResponse(full_response(ids, text, finish_reason_name(last.finish_reason), counts))
+    reason = finish_reason_name(last.finish_reason)
+    shown_ids = token_ids if parsed.return_token_ids else None
+    return JSONResponse(full_response(ids, text, reason, counts, shown_ids))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -68,16 +68,19 @@ class DisconnectWatch:
 
 async def collect(
     handle: RequestHandle, engine: EngineLike, receive: Receive
-) -> tuple[str, StreamEvent]:
-    """Waits for the whole answer: (its text, the last event with finish reason and counts)."""
+) -> tuple[str, list[int], StreamEvent]:
+    """Waits for the whole answer: (its text, its token ids, the last event with finish reason
+    and counts)."""
     watch = DisconnectWatch(receive, engine, handle)
     parts = []
+    token_ids: list[int] = []
     try:
         while True:
             event = await handle.events.get()
             parts.append(event.text)
+            token_ids += event.token_ids
             if event.finish_reason is not None:
-                return "".join(parts), event
+                return "".join(parts), token_ids, event
     finally:
         watch.close()
 
@@ -88,16 +91,28 @@ async def sse_stream(
     engine: EngineLike,
     receive: Receive,
     include_usage: bool,
+    return_token_ids: bool = False,
 ) -> AsyncIterator[str]:
     """The request's chunks as SSE lines, then `data: [DONE]`. Cancelled (the response task
-    stopped) or closed early, the `finally` aborts the sequence."""
+    stopped) or closed early, the `finally` aborts the sequence. return_token_ids: every token
+    gets a chunk with its id, even one whose text is held back (a client resuming a cut stream
+    needs every id)."""
     watch = DisconnectWatch(receive, engine, handle)
     try:
         if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
             yield sse(chunk(ids, text="", role=True, include_usage=include_usage))
         while True:
             event = await handle.events.get()
-            if event.text:
+            if return_token_ids and (event.text or event.token_ids):
+                yield sse(
+                    chunk(
+                        ids,
+                        text=event.text,
+                        include_usage=include_usage,
+                        token_ids=event.token_ids,
+                    )
+                )
+            elif event.text:
                 yield sse(chunk(ids, text=event.text, include_usage=include_usage))
             if event.finish_reason is None:
                 continue

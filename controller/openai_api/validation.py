@@ -56,7 +56,7 @@ _KNOWN_FIELDS = frozenset(
         *_NO_OP_VALUES, "model", "prompt", "messages", "max_tokens", "max_completion_tokens",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
-        "parallel_tool_calls",
+        "parallel_tool_calls", "resume_token_ids", "return_token_ids",
     }
 )  # fmt: skip
 _logged_unknown: set[str] = set()
@@ -76,6 +76,9 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     """stream_options.include_usage: a last chunk with `usage` (streaming only)."""
+    return_token_ids: bool = False
+    """Our extension, for resuming a cut stream: each choice carries its `token_ids` and each
+    body the request's sampling `seed`."""
 
 
 def parse_completion(
@@ -172,8 +175,10 @@ def _finish(
         stop_token_ids=_token_ids(fields, "stop_token_ids", limits),
         ignore_eos=_optional_bool(fields, "ignore_eos") or False,  # vLLM's extension
         request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        resume_token_ids=_token_ids(fields, "resume_token_ids", limits),  # our extension
     )
-    return ParsedRequest(generation, stream, include_usage)
+    return_token_ids = _optional_bool(fields, "return_token_ids") or False
+    return ParsedRequest(generation, stream, include_usage, return_token_ids)
 
 
 def _completion_prompt_ids(

@@ -8,7 +8,7 @@ come back.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from operator import itemgetter
 
 import numpy as np
@@ -76,14 +76,33 @@ class Scheduler:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
-        self, seq_id: int, prompt_token_ids: list[int], params: RequestParams, now: float
+        self,
+        seq_id: int,
+        prompt_token_ids: list[int],
+        params: RequestParams,
+        now: float,
+        output_token_ids: Iterable[int] = (),
     ) -> Sequence:
         """Queues a request; raises InvalidRequestError (nothing queued) if it can never be served.
-        seq_id must never be reused, even after the sequence finished."""
+        seq_id must never be reused, even after the sequence finished. output_token_ids: a resumed
+        request's tokens so far, recomputed with the prompt as after a preemption."""
         if not prompt_token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if params.max_tokens < 1:
             raise InvalidRequestError("max_tokens", f"must be >= 1, got {params.max_tokens}")
+        outputs = list(output_token_ids)
+        if len(outputs) >= params.max_tokens:
+            raise InvalidRequestError(
+                "resume_token_ids",
+                f"{len(outputs)} tokens already reach max_tokens ({params.max_tokens}): the "
+                "stream had ended",
+            )
+        ended = next((i for i, t in enumerate(outputs) if t in params.stop_token_ids), None)
+        if ended is not None:
+            raise InvalidRequestError(
+                "resume_token_ids",
+                f"token {ended} ({outputs[ended]}) is a stop token: the stream had ended",
+            )
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.config.max_model_len:
             raise InvalidRequestError(
@@ -101,6 +120,7 @@ class Scheduler:
         if seq_id in self._live:
             raise InvalidRequestError("request_id", f"sequence {seq_id} is already running")
         seq = Sequence(seq_id, prompt_token_ids, params, now)
+        seq.output_token_ids = outputs
         self.waiting.append(seq)
         self._live[seq_id] = seq
         return seq

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sarathi_proto import generate_pb2, generate_pb2_grpc
+from sarathictl.client import Client, RetryPolicy
 
 from tests.integration.cluster_factories import make_tiny_served_model
 from tests.integration.test_local_cluster import _free_port, _processes_using
@@ -37,6 +38,7 @@ class Cluster:
     proc: subprocess.Popen[bytes]
     model_dir: Path
     channel: grpc.Channel
+    addr: str
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
@@ -88,8 +90,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    running = Cluster(proc, model_dir, channel)
+    addr = f"127.0.0.1:{port}"
+    channel = grpc.insecure_channel(addr)
+    running = Cluster(proc, model_dir, channel, addr)
     try:
         deadline = time.monotonic() + 240
         while not running.healthy():
@@ -213,6 +216,30 @@ def test_y_killed_stage_recovers_and_every_stream_equals_an_undisturbed_run(
     assert streams == undisturbed  # no token missing or repeated, every request completed
 
 
+def test_x_a_cut_stream_resumed_with_its_tokens_and_seed_is_the_uncut_stream(
+    cluster: Cluster,
+) -> None:
+    prompt, max_tokens = [11, 12, 13, 14, 15], 60
+    for sampling in (None, generate_pb2.SamplingParams(temperature=0.8, top_p=0.9)):
+        request = generate_pb2.GenerateRequest(
+            prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True, sampling=sampling
+        )
+        call = cluster.stub.Generate(request, timeout=60)
+        first = next(call)
+        received = list(first.token_ids)
+        while len(received) < 20:
+            received += next(call).token_ids
+        call.cancel()  # the cut
+        # The seed the server drew for the first call, given back, makes the draws the same.
+        request.sampling.seed = first.seed
+        whole = greedy_stream(cluster, prompt, max_tokens, request.sampling)
+        request.resume_token_ids.extend(received)
+        rest = list(cluster.stub.Generate(request, timeout=60))
+        assert received + [t for r in rest for t in r.token_ids] == whole
+        assert rest[-1].num_output_tokens == max_tokens
+    assert cluster.status().scheduler.kv_usage_pct == 0.0
+
+
 request_fields = st.fixed_dictionaries(
     {},
     optional={
@@ -222,6 +249,7 @@ request_fields = st.fixed_dictionaries(
         "max_tokens": st.integers(0, 2**32 - 1),
         "stop": st.lists(st.text(max_size=300), max_size=12),
         "stop_token_ids": st.lists(st.integers(0, 2**32 - 1), max_size=10),
+        "resume_token_ids": st.lists(st.integers(0, 2**32 - 1), max_size=20),
         "ignore_eos": st.booleans(),
         "apply_chat_template": st.booleans(),
         "sampling": st.builds(
@@ -281,11 +309,30 @@ def test_zz_controller_restart_workers_re_register_and_old_clients_get_unavailab
     )
     call = cluster.stub.Generate(request, timeout=60)
     next(call)
-    killed_at = time.monotonic()
-    os.kill(controller[0], signal.SIGKILL)
-    with pytest.raises(grpc.RpcError) as err:
-        list(call)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    wait_until(cluster.healthy, 120, "a new controller serving with re-registered workers")
-    print(f"\ncontroller kill -9: serving again after {time.monotonic() - killed_at:.2f} s")
-    assert len(greedy_stream(cluster, [5, 6, 7], 4)) == 4
+    # A sampled stream with no seed of its own, through the client that resumes by itself.
+    sampled = generate_pb2.GenerateRequest(
+        prompt_token_ids=[21, 22, 23],
+        max_tokens=300,
+        ignore_eos=True,
+        sampling=generate_pb2.SamplingParams(temperature=0.8, top_p=0.9),
+    )
+    retries: list[int] = []
+    with Client(cluster.addr) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        responses = client.generate_resumable(
+            sampled, 120, RetryPolicy(max_retries=30), lambda n, got, err: retries.append(got)
+        )
+        first = next(responses)
+        resumed = pool.submit(lambda: [first, *responses])
+        killed_at = time.monotonic()
+        os.kill(controller[0], signal.SIGKILL)
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        wait_until(cluster.healthy, 120, "a new controller serving with re-registered workers")
+        print(f"\ncontroller kill -9: serving again after {time.monotonic() - killed_at:.2f} s")
+        streamed = resumed.result(timeout=120)
+    assert retries and 0 < retries[0] < 300  # it was cut mid-stream, and resumed
+    sampled.sampling.seed = first.seed
+    assert [t for r in streamed for t in r.token_ids] == greedy_stream(
+        cluster, list(sampled.prompt_token_ids), 300, sampled.sampling
+    )

@@ -272,3 +272,40 @@ def test_http_port_outside_the_tcp_range_is_refused_naming_the_field() -> None:
         ServerConfig(http_port=70000)
     assert err.value.field == "http_port"
     assert ServerConfig().http_port == 0  # off unless asked for
+
+
+def test_return_token_ids_gives_every_id_and_the_seed_for_a_resume() -> None:
+    # The middle delta's text is held back (empty): its id must still reach the client.
+    engine = ScriptedEngine(deltas=("Hel", "", "lo"))
+    response = TestClient(build_app(make_state(engine))).post(
+        "/v1/completions",
+        json={"prompt": "the", "stream": True, "return_token_ids": True, "temperature": 0.8},
+    )
+    chunks = sse_bodies(response.text)
+    ids = [t for c in chunks for t in c["choices"][0].get("token_ids", [])]
+    assert ids == [0, 1, 2]
+    assert {c["seed"] for c in chunks} == {engine.added[0].params.sampling.seed}
+    whole = TestClient(build_app(make_state(engine))).post(
+        "/v1/completions", json={"prompt": "the", "return_token_ids": True, "seed": 7}
+    )
+    assert whole.json()["choices"][0]["token_ids"] == [0, 1, 2]
+    assert whole.json()["seed"] == 7
+
+
+def test_without_return_token_ids_the_answer_is_plain_openai() -> None:
+    response = TestClient(build_app(make_state(ScriptedEngine()))).post(
+        "/v1/completions", json={"prompt": "the", "stream": True}
+    )
+    for body in sse_bodies(response.text):
+        assert "seed" not in body and "token_ids" not in body["choices"][0]
+
+
+def test_resume_token_ids_reach_the_engine_and_are_checked() -> None:
+    engine = ScriptedEngine()
+    client = TestClient(build_app(make_state(engine)))
+    ok = client.post("/v1/completions", json={"prompt": "the", "resume_token_ids": [3, 4]})
+    assert ok.status_code == 200
+    assert engine.added[0].resume_token_ids == (3, 4)
+    bad = client.post("/v1/completions", json={"prompt": "the", "resume_token_ids": [10**9]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "resume_token_ids"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 from sarathi_proto import generate_pb2, generate_pb2_grpc
@@ -26,6 +28,26 @@ FINISH_NAMES = {
 }
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How `Client.generate_resumable` retries a stream cut by UNAVAILABLE."""
+
+    max_retries: int = 8
+    """Retries in a row without a token received in between."""
+    first_backoff_s: float = 0.25
+    max_backoff_s: float = 4.0
+
+    def backoff_s(self, retry_number: int) -> float:
+        """Wait before retry number n (1-based): doubling from first_backoff_s, capped."""
+        return min(self.max_backoff_s, self.first_backoff_s * 2 ** (retry_number - 1))
+
+
+def _copy(request: generate_pb2.GenerateRequest) -> generate_pb2.GenerateRequest:
+    copy = generate_pb2.GenerateRequest()
+    copy.CopyFrom(request)
+    return copy
+
+
 class Client:
     def __init__(self, addr: str = DEFAULT_ADDR, tls_ca_file: str = "", token: str = "") -> None:
         """tls_ca_file: PEM of the CA that signed the controller's certificate (TLS on);
@@ -44,6 +66,48 @@ class Client:
         self, request: generate_pb2.GenerateRequest, timeout_s: float | None = None
     ) -> Iterator[generate_pb2.GenerateResponse]:
         yield from self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
+
+    def generate_resumable(
+        self,
+        request: generate_pb2.GenerateRequest,
+        timeout_s: float | None = None,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[int, int, grpc.RpcError], None] | None = None,
+    ) -> Iterator[generate_pb2.GenerateResponse]:
+        """Streams like `generate`, and when the stream breaks with UNAVAILABLE (the controller
+        died or is failing over, the connection dropped, the pipeline is rebuilding) calls again
+        with the token ids received so far (`resume_token_ids`) and the seed the first message
+        named, so the stream goes on where it was cut: same tokens, none repeated or missing.
+        Retries back off exponentially and are counted from the last token received; past
+        `retry.max_retries` the error is raised. on_retry(retry_number, tokens_received, error)
+        is called before each retry. timeout_s bounds the whole stream, retries included."""
+        retry = retry or RetryPolicy()
+        request = _copy(request)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        received = list(request.resume_token_ids)
+        failures = 0
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            first = True
+            try:
+                for response in self.generate(request, timeout_s=remaining):
+                    if first and not request.sampling.HasField("seed"):
+                        request.sampling.seed = response.seed  # the server's draw: keep it
+                    first = False
+                    if response.token_ids:
+                        received.extend(response.token_ids)
+                        failures = 0
+                    yield response
+                return
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= retry.max_retries:
+                    raise
+                failures += 1
+                if on_retry is not None:
+                    on_retry(failures, len(received), err)
+                time.sleep(retry.backoff_s(failures))
+                del request.resume_token_ids[:]
+                request.resume_token_ids.extend(received)
 
     def status(self, timeout_s: float = 5.0) -> generate_pb2.StatusResponse:
         response: generate_pb2.StatusResponse = self._stub.Status(

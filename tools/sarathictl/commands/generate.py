@@ -12,6 +12,7 @@ from sarathi_proto import generate_pb2
 from sarathictl.argtypes import float_above, float_at_least, float_in, int_in_range
 from sarathictl.client import (
     FINISH_NAMES,
+    RetryPolicy,
     add_connection_flags,
     client_from_args,
     explain_rpc_error,
@@ -36,6 +37,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--ignore-eos", action="store_true", help="generate past end-of-sequence")
     p.add_argument("--timeout", type=float_above(0.0), default=None, help="deadline in seconds")
+    p.add_argument(
+        "--retries",
+        type=int_in_range(0, 100),
+        default=RetryPolicy.max_retries,
+        help="when the stream is cut (UNAVAILABLE: the controller restarting or failing over), "
+        "resume it this many times in a row, backing off from 0.25 s to 4 s (0: never; "
+        f"default {RetryPolicy.max_retries})",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object at the end")
     p.set_defaults(run=run)
 
@@ -56,9 +65,18 @@ def run(args: argparse.Namespace) -> int:
     )
     text, token_ids = [], []
     last = None
+
+    def on_retry(retry: int, received: int, err: grpc.RpcError) -> None:
+        print(
+            f"\nsarathictl: stream cut ({err.code().name}: {err.details()}); resuming after "
+            f"{received} tokens (retry {retry} of {args.retries})",
+            file=sys.stderr,
+        )
+
+    policy = RetryPolicy(max_retries=args.retries)
     with client_from_args(args) as client:
         try:
-            for response in client.generate(request, timeout_s=args.timeout):
+            for response in client.generate_resumable(request, args.timeout, policy, on_retry):
                 text.append(response.text)
                 token_ids.extend(response.token_ids)
                 if not args.json:
