@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--advertise-host", default="", help="address workers reach this controller at (cluster)"
     )
+    p.add_argument(
+        "--leader-lease",
+        type=Number(int, "in [2, 60]", lambda v: 2 <= v <= 60, ("abc", "1", "61")),
+        default=3,
+        help="cluster mode: seconds of the etcd lease that makes a controller the active one; "
+        "a second controller of the same --cluster is a standby and takes over at most this "
+        "long after the active one dies (default 3)",
+    )
     p.add_argument("--socket-ifname", default="", help="NCCL/gloo network interface")
     p.add_argument("--default-max-tokens", type=positive, default=256, help="max_tokens when unset")
     p.add_argument(
@@ -281,6 +289,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             etcd=args.etcd,
             cluster=args.cluster,
             advertise_host=args.advertise_host,
+            leader_lease_s=args.leader_lease,
             default_max_tokens=args.default_max_tokens,
             worker_start_timeout_s=args.worker_start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout,

@@ -7,8 +7,10 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import zmq.asyncio
 from grpc import aio as grpc_aio
@@ -16,7 +18,7 @@ from grpc_health.v1 import health as grpc_health
 from sarathi_proto import stage_pb2
 
 from controller.api_request import RequestLimits
-from controller.cluster_membership import ControllerMembership
+from controller.cluster_membership import ControllerMembership, LeadershipLost
 from controller.config import ControllerConfig
 from controller.engine import Engine, GenerationRequest
 from controller.executor.control_channel import ControlChannel
@@ -32,6 +34,8 @@ from controller.stage_report import publish_stage_metrics
 from controller.tokenizer import TextStream, Tokenizer
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def free_tcp_port(host: str) -> int:
@@ -144,23 +148,51 @@ def make_pipeline(
 
 
 async def join_cluster(
-    config: ControllerConfig, channel: ControlChannel, grpc_port: int, model_name: str
+    config: ControllerConfig,
+    channel: ControlChannel,
+    apis: Apis,
+    model_name: str,
+    stop: asyncio.Event,
 ) -> ControllerMembership | None:
-    """Cluster mode: publish this controller in etcd so workers find it; None in local mode."""
+    """Cluster mode: wait to be the active controller (a standby until the active one's lease
+    ends), then publish this controller in etcd so workers find it. None in local mode, or when
+    stopped while a standby."""
     if not config.server.etcd:
         return None
-    membership = ControllerMembership(config.server.etcd, config.server.cluster)
-    control_port = channel.address.rsplit(":", 1)[1]
-    await membership.start(
-        stage_pb2.ControllerEndpoint(
-            control_addr=f"tcp://{config.server.advertise_host}:{control_port}",
-            grpc_addr=f"{config.server.advertise_host}:{grpc_port}",
-            model=model_name,
-            pp=config.parallel.pp,
-            tp=config.parallel.tp,
-        )
+    membership = ControllerMembership(
+        config.server.etcd, config.server.cluster, config.server.leader_lease_s
     )
+    await membership.connect()
+    control_port = channel.address.rsplit(":", 1)[1]
+    endpoint = stage_pb2.ControllerEndpoint(
+        control_addr=f"tcp://{config.server.advertise_host}:{control_port}",
+        grpc_addr=f"{config.server.advertise_host}:{apis.grpc_port}",
+        model=model_name,
+        pp=config.parallel.pp,
+        tp=config.parallel.tp,
+    )
+
+    def standby(active: stage_pb2.ControllerEndpoint) -> None:
+        apis.service.problem = f"standby: the active controller is {active.grpc_addr}"
+
+    await until_stopped(membership.lead(endpoint, standby), stop)
+    if not membership.is_leader:  # stopped first
+        await membership.close()
+        return None
+    apis.service.problem = "the pipeline is not ready yet"
     return membership
+
+
+async def until_stopped(work: Coroutine[object, object, T], stop: asyncio.Event) -> T | None:
+    """work's result, or None when `stop` is set first (work is then cancelled)."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task not in done:
+        task.cancel()
+        return None
+    return task.result()
 
 
 async def wait_for_workers(
@@ -174,14 +206,7 @@ async def wait_for_workers(
             apis.service.problem = f"the pipeline is not ready yet; {reason}"
 
     pipeline.on_refused = starting_with_refusal
-    start = asyncio.create_task(pipeline.start(config.server.worker_start_timeout_s))
-    stopped = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if start not in done:
-        start.cancel()
-        return None
-    return start.result()
+    return await until_stopped(pipeline.start(config.server.worker_start_timeout_s), stop)
 
 
 async def begin_serving(
@@ -267,8 +292,18 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
     pipeline = make_pipeline(config, channel, model.name)
     membership: ControllerMembership | None = None
     engine: Engine | None = None
+    lost_leadership = asyncio.Event()
     try:
-        membership = await join_cluster(config, channel, apis.grpc_port, model.name)
+        membership = await join_cluster(config, channel, apis, model.name, stop)
+        if membership is not None:
+
+            def step_down() -> None:
+                lost_leadership.set()
+                stop.set()
+
+            membership.on_leadership_lost = step_down
+        elif config.server.etcd:
+            return  # stopped while a standby
         num_blocks = await wait_for_workers(config, pipeline, apis, stop)
         if num_blocks is None:
             return
@@ -283,3 +318,5 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             await membership.close()
         channel.close()
         ctx.term()
+    if lost_leadership.is_set():
+        raise LeadershipLost("the leader lease in etcd ended; stopped so that one active remains")

@@ -1,9 +1,12 @@
-"""Cluster mode: the controller's side of etcd membership.
+"""Cluster mode: the controller's side of etcd membership, and the election of the active one.
 
-The controller publishes where its control plane listens (key `controller`, under its lease) so
-that workers can find it, and watches `workers/` to log who joins and who loses its lease. The
-pipeline itself is still assembled over ZeroMQ (hello -> assignment); etcd answers "who is
-alive" and "where is the controller", which is what a Kubernetes pod needs at start-up.
+The key `controller` names the active controller (where its control plane and API listen). It is
+written only if absent (a transaction on its create revision) and lives under the writer's lease,
+so it is also the leader lock: one controller holds it, any other is a standby that waits for the
+key to go (its holder's lease expired: the process died or lost etcd) and then takes it. Workers
+find the controller there and leave when it changes (stage_worker/etcd_registration.py). The
+active controller also watches `workers/` to log who joins and who loses its lease. The pipeline
+itself is still assembled over ZeroMQ (hello -> assignment).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from sarathi_proto import stage_pb2
 
 log = logging.getLogger(__name__)
 
-LEASE_TTL_S = 10
+LEASE_TTL_S = 3
+"""Seconds the `controller` key outlives a dead controller: how long a standby waits."""
 
 
 def cluster_prefix(cluster: str) -> bytes:
@@ -34,37 +38,67 @@ def parse_endpoint(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class LeadershipLost(ConnectionError):
+    """The leader lease ended while this controller was active: another may have taken over."""
+
+
 class ControllerMembership:
-    def __init__(self, etcd_addr: str, cluster: str) -> None:
+    def __init__(self, etcd_addr: str, cluster: str, lease_ttl_s: int = LEASE_TTL_S) -> None:
         self.host, self.port = parse_endpoint(etcd_addr)
         self.cluster = cluster
         self.prefix = cluster_prefix(cluster)
+        self.lease_ttl_s = lease_ttl_s
         self.workers: dict[str, stage_pb2.WorkerRegistration] = {}
         self._client: aetcd.Client | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.on_worker_lost: Callable[[str], None] | None = None
+        self.on_leadership_lost: Callable[[], None] | None = None
+        """Called once if the leader lease ends while active (the controller must stop)."""
+        self.is_leader = False
 
-    async def start(self, endpoint: stage_pb2.ControllerEndpoint, timeout_s: float = 10.0) -> None:
-        """Connects, publishes the endpoint under a lease, starts keep-alive and the watch.
-        Raises ConnectionError naming the address when etcd cannot be reached."""
+    @property
+    def key(self) -> bytes:
+        return self.prefix + b"controller"
+
+    async def connect(self, timeout_s: float = 10.0) -> None:
+        """Raises ConnectionError naming the address when etcd cannot be reached."""
         client = aetcd.Client(host=self.host, port=self.port, timeout=timeout_s)
         try:
             await asyncio.wait_for(client.connect(), timeout_s)
-            lease = await asyncio.wait_for(client.lease(LEASE_TTL_S), timeout_s)
-            key = self.prefix + b"controller"
-            await client.put(key, endpoint.SerializeToString(), lease=lease)
+            await asyncio.wait_for(client.get(self.key), timeout_s)  # reachable, not just dialled
         except (TimeoutError, aetcd.exceptions.ClientError, OSError) as err:
             await client.close()
             raise ConnectionError(
                 f"cannot reach etcd at {self.host}:{self.port}: {err or type(err).__name__}"
             ) from err
         self._client = client
+
+    async def lead(
+        self,
+        endpoint: stage_pb2.ControllerEndpoint,
+        on_standby: Callable[[stage_pb2.ControllerEndpoint], None],
+    ) -> None:
+        """Returns once this controller is the active one: at once when no controller holds the
+        key, else after its holder's lease ends. on_standby(holder) is called each time another
+        controller is found active. Then keeps the lease alive and watches the workers."""
+        client = self._client
+        assert client is not None, "connect() first"
+        while True:
+            lease = await client.lease(self.lease_ttl_s)
+            won, _ = await client.transaction(
+                compare=[client.transactions.create(self.key) == 0],
+                success=[client.transactions.put(self.key, endpoint.SerializeToString(), lease)],
+                failure=[],
+            )
+            if won:
+                break
+            await lease.revoke()
+            await self._wait_while_held(client, on_standby)
+        self.is_leader = True
         log.info(
-            "published the controller of cluster %r in etcd %s:%d",
-            self.cluster,
-            self.host,
-            self.port,
-        )
+            "active controller of cluster %r (etcd %s:%d, leader lease %d s)",
+            self.cluster, self.host, self.port, self.lease_ttl_s,
+        )  # fmt: skip
         for kv in await client.get_prefix(self.prefix + b"workers/"):
             self._on_put(kv.value)
         self._tasks = [
@@ -72,13 +106,47 @@ class ControllerMembership:
             asyncio.create_task(self._watch(), name="etcd-watch"),
         ]
 
+    async def _wait_while_held(
+        self,
+        client: aetcd.Client,
+        on_standby: Callable[[stage_pb2.ControllerEndpoint], None],
+    ) -> None:
+        """Standby: returns when the key is gone (watched from the revision it was read at, so
+        a delete in between is not missed)."""
+        found = await client.get(self.key)
+        if found is None:
+            return
+        holder = stage_pb2.ControllerEndpoint()
+        holder.ParseFromString(found.value)
+        on_standby(holder)
+        log.info("standby: the active controller is %s; waiting for its lease", holder.grpc_addr)
+        events = await client.watch(self.key, start_revision=found.mod_revision + 1)
+        async for event in events:
+            if event.kind == aetcd.EventKind.DELETE:
+                log.info("the active controller's lease ended: taking over")
+                await events.cancel()
+                return
+
     async def _keep_alive(self, lease: aetcd.Lease) -> None:
+        """Refreshes the leader lease three times a TTL; once etcd says it expired (or no
+        refresh got through for a whole TTL), this controller is no longer the active one."""
+        last_ok = asyncio.get_running_loop().time()
         while True:
-            await asyncio.sleep(LEASE_TTL_S / 3)
+            await asyncio.sleep(self.lease_ttl_s / 3)
             try:
-                await lease.refresh()
+                reply = await lease.refresh()
+                alive = reply is not None and reply.TTL > 0
+                if alive:
+                    last_ok = asyncio.get_running_loop().time()
             except aetcd.exceptions.ClientError as err:
                 log.error("etcd lease refresh failed: %s", err)
+                alive = asyncio.get_running_loop().time() - last_ok < self.lease_ttl_s
+            if not alive:
+                log.error("the leader lease in etcd ended: this controller is no longer active")
+                self.is_leader = False
+                if self.on_leadership_lost is not None:
+                    self.on_leadership_lost()
+                return
 
     async def _watch(self) -> None:
         assert self._client is not None
@@ -103,9 +171,11 @@ class ControllerMembership:
         self.workers[reg.worker_id] = reg
 
     async def close(self) -> None:
+        """Stops; an active controller deletes its key, so a standby takes over at once."""
         for task in self._tasks:
             task.cancel()
         if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.delete(self.prefix + b"controller")
+            if self.is_leader:
+                with contextlib.suppress(Exception):
+                    await self._client.delete(self.key)
             await self._client.close()

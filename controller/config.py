@@ -52,6 +52,9 @@ class ServerConfig:
     """Cluster name: the etcd key prefix /sarathi/<cluster>/."""
     advertise_host: str = ""
     """Address workers use to reach this controller (cluster mode; its pod IP)."""
+    leader_lease_s: int = 3
+    """Cluster mode: TTL of the lease that makes this controller the active one; a standby
+    takes over at most this long after the active one died."""
     socket_ifname: str = ""
     """Network interface for NCCL/gloo sockets (NCCL_SOCKET_IFNAME); empty: the library's choice."""
     default_max_tokens: int = 256
@@ -92,6 +95,8 @@ class ServerConfig:
             raise ConfigError("max_stop_strings", self.max_stop_strings, "at least 0")
         if self.etcd and not self.advertise_host:
             raise ConfigError("advertise_host", self.advertise_host, "set in cluster mode (--etcd)")
+        if not 2 <= self.leader_lease_s <= 60:  # etcd grants nothing shorter than ~2 s
+            raise ConfigError("leader_lease_s", self.leader_lease_s, "in [2, 60] seconds")
         if not self.cluster or "/" in self.cluster:
             raise ConfigError("cluster", self.cluster, "a non-empty name without '/'")
         if self.worker_start_timeout_s <= 0:

@@ -62,7 +62,10 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         engine = self.engine
         if engine is None or self.limits is None or self.encode is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the pipeline is not ready yet")
+            # Not ready, or a standby controller: the problem says which.
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, self.problem or "the pipeline is not ready yet"
+            )
             return
         if self.shutting_down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")

@@ -20,7 +20,13 @@ from sarathi_proto import stage_pb2
 from stage_worker.errors import CheckpointError
 from stage_worker.etcd_registration import EtcdRegistration
 from stage_worker.kv_cache import GPU_CACHE_FRACTION
-from stage_worker.worker import StageWorker, WorkerConfig, WorkerRejected, install_log_tag
+from stage_worker.worker import (
+    EXIT_PIPELINE_BROKEN,
+    StageWorker,
+    WorkerConfig,
+    WorkerRejected,
+    install_log_tag,
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--controller-timeout",
         type=float_in(1.0, 3600.0),
         default=10.0,
-        help="seconds without a message from the controller before exiting to re-register",
+        help="seconds without a message from the controller before exiting to re-register; "
+        "also the longest wait on a neighbouring stage (a peer behind a cut link never "
+        "answers), so keep it above the longest step",
     )
     p.add_argument(
         "--curve-server-key-file", default="", help="controller's public ZeroMQ certificate"
@@ -207,6 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             registration.close()
 
 
+def leave_for_the_new_controller(what: str) -> None:
+    """The controller this worker serves is gone from etcd (a standby took over, or it is
+    dying): exit at once, from the etcd thread, whatever the main thread is blocked in (a
+    handshake, a receive from a peer stage); the supervisor restarts this worker, which
+    registers with the new controller. Waiting out --controller-timeout would add its seconds
+    to every failover."""
+    print(f"stage_worker: the controller changed ({what}); exiting to re-register", file=sys.stderr)
+    logging.shutdown()
+    os._exit(EXIT_PIPELINE_BROKEN)
+
+
 def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
     """Registers in etcd under a lease and returns the controller's control address."""
     model = os.path.basename(os.path.normpath(args.model))
@@ -222,6 +241,7 @@ def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
             tp_rank=args.tp_rank,
         ),
     )
+    registration.on_controller_changed = leave_for_the_new_controller
     endpoint = registration.start(args.controller_wait)
     if endpoint.model and endpoint.model != model:
         registration.close()

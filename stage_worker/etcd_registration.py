@@ -4,6 +4,11 @@ The worker registers under a lease (key `workers/<worker_id>`, a WorkerRegistrat
 the lease alive from a background thread, so the registration vanishes when the process dies;
 it learns where the controller's control plane listens from the `controller` key, waiting for
 the controller if it is not up yet. The rest of start-up is the ZeroMQ handshake.
+
+The worker then follows that key: when it goes (the active controller died and its lease
+ended) or names another controller (a standby took over), `on_controller_changed` is called,
+and the worker leaves at once to register with the new one instead of waiting out its
+controller timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 
 import aetcd
 from sarathi_proto import stage_pb2
@@ -40,6 +46,9 @@ class EtcdRegistration:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="etcd-registration", daemon=True)
+        self.on_controller_changed: Callable[[str], None] | None = None
+        """Called (on this object's thread) once the controller found is gone or replaced,
+        with what happened."""
 
     def start(self, timeout_s: float) -> stage_pb2.ControllerEndpoint:
         """Registers and returns the controller's endpoint; raises ConnectionError when etcd is
@@ -75,13 +84,16 @@ class EtcdRegistration:
             await client.put(key, self.registration.SerializeToString(), lease=lease)
             logger.info("registered in etcd %s:%d as %s", self.host, self.port, key.decode())
             keep_alive = asyncio.create_task(self._keep_alive(lease))
-            await self._await_controller(client)
+            revision = await self._await_controller(client)
+            follow = asyncio.create_task(self._follow_controller(client, revision))
             await self._stop.wait()
+            follow.cancel()
             keep_alive.cancel()
             with contextlib.suppress(Exception):
                 await lease.revoke()
 
-    async def _await_controller(self, client: aetcd.Client) -> None:
+    async def _await_controller(self, client: aetcd.Client) -> int:
+        """Finds the controller's endpoint; returns the revision it was written at."""
         key = self.prefix + b"controller"
         found = await client.get(key)
         if found is None:
@@ -96,6 +108,21 @@ class EtcdRegistration:
         endpoint.ParseFromString(found.value)
         self._endpoint = endpoint
         self._found.set()
+        return int(found.mod_revision)
+
+    async def _follow_controller(self, client: aetcd.Client, revision: int) -> None:
+        """Any change of the key after `revision` means this worker's controller is gone."""
+        events = await client.watch(self.prefix + b"controller", start_revision=revision + 1)
+        async for event in events:
+            what = (
+                "its lease ended"
+                if event.kind == aetcd.EventKind.DELETE
+                else "another controller took over"
+            )
+            logger.warning("the controller registered in etcd changed: %s", what)
+            if self.on_controller_changed is not None:
+                self.on_controller_changed(what)
+            return
 
     async def _keep_alive(self, lease: aetcd.Lease) -> None:
         while True:

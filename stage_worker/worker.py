@@ -36,6 +36,7 @@ from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import PreparedStep, StageRunner
 from stage_worker.step_timer import StepTimer, TimedAttention, clock
+from stage_worker.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,10 @@ class StageWorker:
         """clock() when the last message came off the socket, before parsing it."""
         self._timer: StepTimer | None = None
         self.shard: ShardSpec | None = None
+        # A peer behind a cut link never answers: no wait on one may outlast the time after
+        # which the controller would count this worker gone anyway.
+        self._watchdog = Watchdog(EXIT_PIPELINE_BROKEN)
+        self._peer_wait_s = config.controller_timeout_s
 
     # ---- socket ----------------------------------------------------------------------------
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
@@ -319,11 +324,12 @@ class StageWorker:
             logger.exception("the pipeline broke; exiting to be restarted")
             logging.shutdown()
             os._exit(EXIT_PIPELINE_BROKEN)
-        try:
-            links.wait_sends()
-        except RuntimeError as err:  # the next stage is already gone
-            logger.warning("pending activation sends failed at shutdown: %s", err)
-        destroy_distributed()
+        with self._watchdog.guard("leaving the pipeline", cfg.controller_timeout_s):
+            try:
+                links.wait_sends()
+            except RuntimeError as err:  # the next stage is already gone
+                logger.warning("pending activation sends failed at shutdown: %s", err)
+            destroy_distributed()
         return code
 
     def _graphs(self, model: StageModel, cache: KVCache) -> DecodeGraphs | None:
@@ -381,12 +387,14 @@ class StageWorker:
         hidden_in = None
         if not shard.is_first:
             # Waiting for the previous stage is idle time, not busy time.
-            hidden_in = links.recv(
-                step.meta.num_tokens,
-                runner.model.spec.hidden_size,
-                runner.model.dtype,
-                runner.model.device,
-            )
+            waiting = "receiving the previous stage's activations"
+            with self._watchdog.guard(waiting, self._peer_wait_s):
+                hidden_in = links.recv(
+                    step.meta.num_tokens,
+                    runner.model.spec.hidden_size,
+                    runner.model.dtype,
+                    runner.model.device,
+                )
             timer.recv_wait_s += timer.lap()
         t0 = time.monotonic()
         hidden = runner.forward(step, hidden_in)
@@ -394,7 +402,8 @@ class StageWorker:
         if shard.is_last:
             self._sample_and_send(runner, step, hidden, timer)
         else:
-            links.send(hidden)
+            with self._watchdog.guard("sending activations to the next stage", self._peer_wait_s):
+                links.send(hidden)
         timer.send_s += timer.lap()
         if runner.model.device.startswith("cuda"):
             torch.cuda.synchronize()

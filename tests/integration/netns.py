@@ -84,6 +84,12 @@ class TestNetwork:
         """argv run inside host's namespace."""
         return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
+    def set_link(self, host: str, up: bool) -> None:
+        """Takes host's link down (a cable pulled: no packet in or out, no socket closed) or
+        brings it back up."""
+        index = self.host_names.index(host) + 1
+        _ip("-n", self.bridge_ns, "link", "set", f"p{index}", "up" if up else "down")
+
     def forward(self, host: str, port: int, unix_path: Path) -> UnixForward:
         """A Unix socket at unix_path, in this process's file system, whose connections reach
         host's address and port inside its namespace (for clients that run in the test process:

@@ -35,8 +35,9 @@ SKIP_REASON = netns_unavailable_reason() or (
 GRPC_PORT = 50051
 ETCD_PORT = 2379
 CONTROL_PORT = 5555
-# Restarted by the supervisor; etcd is the cluster's service and is never restarted.
-SUPERVISED = ("controller", "s0", "s1")
+# Restarted by the supervisor (when they are there); etcd is the cluster's service and is never
+# restarted.
+SUPERVISED = ("controller", "controller2", "s0", "s1")
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> float:
@@ -62,11 +63,17 @@ class NamespacedCluster:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _supervisor: threading.Thread | None = None
-    _channel: grpc.Channel | None = None
+    _channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
     @property
     def addr(self) -> str:
         return f"{self.net.addresses['ctl']}:{GRPC_PORT}"
+
+    @property
+    def controller_addrs(self) -> str:
+        """A gRPC target over every controller (the active one and any standby)."""
+        hosts = [host for name, (host, _) in self.commands.items() if name.startswith("controller")]
+        return "ipv4:" + ",".join(f"{self.net.addresses[h]}:{GRPC_PORT}" for h in hosts)
 
     # ---- processes --------------------------------------------------------------------------
     def start(self, name: str) -> subprocess.Popen[bytes]:
@@ -89,7 +96,8 @@ class NamespacedCluster:
             while not self._stop.wait(0.1):
                 with self._lock:
                     for name in SUPERVISED:
-                        if name not in self.held and self.procs[name].poll() is not None:
+                        proc = self.procs.get(name)
+                        if name not in self.held and proc is not None and proc.poll() is not None:
                             self.restarts[name] = self.restarts.get(name, 0) + 1
                             self.start(name)
 
@@ -111,10 +119,10 @@ class NamespacedCluster:
         self._stop.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)
-        if self._channel is not None:
-            self._channel.close()
-        # Workers first, then the controller, etcd last: each one's peers are still there.
-        for group in (["s0", "s1"], ["controller"], ["etcd"]):
+        for channel in self._channels.values():
+            channel.close()
+        # Workers first, then the controllers, etcd last: each one's peers are still there.
+        for group in (["s0", "s1"], ["controller", "controller2"], ["etcd"]):
             procs = [self.procs[n] for n in group if n in self.procs]
             for proc in procs:
                 if proc.poll() is None:
@@ -129,16 +137,19 @@ class NamespacedCluster:
     # ---- clients ----------------------------------------------------------------------------
     def sarathictl(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
         """Runs sarathictl on the controller's host."""
-        argv = self.net.command("ctl", [sys.executable, "-m", "sarathictl.cli", *args])
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            self.sarathictl_argv(*args), capture_output=True, text=True, timeout=timeout_s
+        )
 
-    @property
-    def channel(self) -> grpc.Channel:
-        """A gRPC channel from this process to the controller's API, through a Unix socket
-        relayed into the controller's namespace; it reconnects quickly after a restart."""
-        if self._channel is None:
-            forward = self.net.forward("ctl", GRPC_PORT, self.logs / "grpc.sock")
-            self._channel = grpc.insecure_channel(
+    def sarathictl_argv(self, *args: str) -> list[str]:
+        return self.net.command("ctl", [sys.executable, "-m", "sarathictl.cli", *args])
+
+    def channel_to(self, host: str) -> grpc.Channel:
+        """A gRPC channel from this process to the API of the controller on `host`, through a
+        Unix socket relayed into its namespace; it reconnects quickly after a restart."""
+        if host not in self._channels:
+            forward = self.net.forward(host, GRPC_PORT, self.logs / f"grpc-{host}.sock")
+            self._channels[host] = grpc.insecure_channel(
                 f"unix:{forward.path}",
                 options=[
                     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -146,18 +157,31 @@ class NamespacedCluster:
                     ("grpc.max_reconnect_backoff_ms", 500),
                 ],
             )
-        return self._channel
+        return self._channels[host]
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to the controller on host `ctl`."""
+        return self.channel_to("ctl")
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
         return generate_pb2_grpc.GenerationStub(self.channel)
 
-    def status(self) -> generate_pb2.StatusResponse:
-        return self.stub.Status(generate_pb2.StatusRequest(), timeout=5)
+    def status(self, host: str = "ctl") -> generate_pb2.StatusResponse:
+        stub = generate_pb2_grpc.GenerationStub(self.channel_to(host))
+        return stub.Status(generate_pb2.StatusRequest(), timeout=5)
 
-    def healthy(self) -> bool:
+    def is_standby(self, host: str) -> bool:
+        """The controller on host answers, as a standby."""
         try:
-            reply = health_pb2_grpc.HealthStub(self.channel).Check(
+            return self.status(host).problem.startswith("standby")
+        except grpc.RpcError:
+            return False
+
+    def healthy(self, host: str = "ctl") -> bool:
+        try:
+            reply = health_pb2_grpc.HealthStub(self.channel_to(host)).Check(
                 health_pb2.HealthCheckRequest(), timeout=1
             )
         except grpc.RpcError:
@@ -183,12 +207,15 @@ def namespaced_cluster(
     tmp_path_factory: pytest.TempPathFactory,
     controller_flags: tuple[str, ...] = (),
     worker_flags: tuple[str, ...] = (),
+    standby: bool = False,
 ) -> Iterator[NamespacedCluster]:
-    """etcd, a pp=2 tp=1 controller and its two stage workers on hosts of their own, serving."""
+    """etcd, a pp=2 tp=1 controller and its two stage workers on hosts of their own, serving.
+    standby: a second controller on host `ctl2`, started once the first serves (a standby)."""
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
     logs = tmp_path_factory.mktemp("netns-logs")
     etcd_dir = tmp_path_factory.mktemp("etcd")
-    with TestNetwork(["ctl", "s0", "s1"]) as net:
+    controllers = {"controller": "ctl", "controller2": "ctl2"} if standby else {"controller": "ctl"}
+    with TestNetwork([*controllers.values(), "s0", "s1"]) as net:
         ctl = net.addresses["ctl"]
         common = ["--model", str(model_dir), "--etcd", f"{ctl}:{ETCD_PORT}", "--cluster", "t"]
         commands = {
@@ -198,13 +225,15 @@ def namespaced_cluster(
                 "--advertise-client-urls", f"http://{ctl}:{ETCD_PORT}",
                 "--listen-peer-urls", "http://127.0.0.1:2380",
             ]),
-            "controller": ("ctl", [
-                sys.executable, "-m", "controller", *common, "--pp", "2", "--tp", "1",
-                "--host", ctl, "--port", str(GRPC_PORT), "--advertise-host", ctl,
-                "--control-addr", f"tcp://{ctl}:{CONTROL_PORT}", "--socket-ifname", "eth0",
-                "--budget", "64", *controller_flags,
-            ]),
         }  # fmt: skip
+        for name, host in controllers.items():
+            address = net.addresses[host]
+            commands[name] = (host, [
+                sys.executable, "-m", "controller", *common, "--pp", "2", "--tp", "1",
+                "--host", address, "--port", str(GRPC_PORT), "--advertise-host", address,
+                "--control-addr", f"tcp://{address}:{CONTROL_PORT}", "--socket-ifname", "eth0",
+                "--budget", "64", *controller_flags,
+            ])  # fmt: skip
         for stage in (0, 1):
             host = f"s{stage}"
             commands[host] = (host, [
@@ -215,7 +244,8 @@ def namespaced_cluster(
         cluster = NamespacedCluster(net, model_dir, logs, commands)
         try:
             for name in commands:
-                cluster.start(name)
+                if name != "controller2":
+                    cluster.start(name)
             deadline = time.monotonic() + 180
             while True:
                 run = cluster.sarathictl("status", "--addr", cluster.addr, "--json", timeout_s=30)
@@ -225,6 +255,9 @@ def namespaced_cluster(
                     assert proc.poll() is None, f"{name} exited:\n{cluster.log_tails()}"
                 assert time.monotonic() < deadline, f"no cluster:\n{cluster.log_tails()}"
                 time.sleep(1)
+            if standby:
+                cluster.start("controller2")
+                cluster.wait_for(lambda: cluster.is_standby("ctl2"), 60, "a standby on ctl2")
             yield cluster
         finally:
             cluster.stop()

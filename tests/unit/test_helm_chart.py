@@ -953,3 +953,14 @@ def test_k8s_has_the_no_values_demo() -> None:
     demo = k8s_manifests.output_path(VALUES_SETS[DEMO])
     cfg = next(d for d in yaml.safe_load_all(demo.read_text()) if d and d["kind"] == "ConfigMap")
     assert cfg["data"]["SARATHI_MODEL"] == DEMO_MODEL
+
+
+def test_two_controller_replicas_make_an_active_and_a_standby_through_etcd() -> None:
+    objs = render(GPU, "etcd.enabled=true", "controller.replicas=2")
+    deployment = only(objs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"  # never both down
+    assert flags(container(deployment))["leader-lease"] == "3"
+    single = only(render(GPU), "Deployment")
+    assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"]["type"] == "Recreate"
+    assert "needs etcd.enabled=true" in helm_fails("controller.replicas=2")

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         apply_chat_template=args.chat,
     )
     text, token_ids = [], []
-    last = None
+    first = last = None
 
     def on_retry(retry: int, received: int, err: grpc.RpcError) -> None:
         print(
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             for response in client.generate_resumable(request, args.timeout, policy, on_retry):
                 text.append(response.text)
                 token_ids.extend(response.token_ids)
+                first = first or response
                 if not args.json:
                     sys.stdout.write(response.text)
                     sys.stdout.flush()
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         except grpc.RpcError as err:
             print(f"\nsarathictl: {explain_rpc_error(err, args.addr)}", file=sys.stderr)
             return 1
-    assert last is not None
+    assert first is not None and last is not None
     reason = FINISH_NAMES.get(last.finish_reason, "unknown")
     if args.json:
         print(
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                     "text": "".join(text),
                     "token_ids": token_ids,
                     "finish_reason": reason,
+                    "seed": first.seed,  # the request's, or the one the server drew
                     "ttft_s": last.ttft_s,
                     "mean_tbt_s": last.mean_tbt_s,
                     "num_prompt_tokens": last.num_prompt_tokens,

@@ -102,6 +102,9 @@ Checks the schema cannot express (it sees one field at a time); they also hold w
 {{- if or (lt $budget 1) (lt $tile 1) (ne 0 (mod $budget $tile)) -}}
 {{- fail (printf "scheduler.budgetTokens=%d must be a positive multiple of scheduler.tileTokens=%d" $budget $tile) -}}
 {{- end -}}
+{{- if and (gt (int .Values.controller.replicas) 1) (not .Values.etcd.enabled) -}}
+{{- fail (printf "controller.replicas=%v needs etcd.enabled=true: the standby is elected through an etcd lease" .Values.controller.replicas) -}}
+{{- end -}}
 {{- if and (eq .Values.stage.attention "flashinfer") (ne .Values.device "cuda") -}}
 {{- fail "stage.attention=flashinfer needs device=cuda" -}}
 {{- end -}}

@@ -1,0 +1,71 @@
+"""Leaves the process when the main thread stays blocked on another process for too long.
+
+A gloo or NCCL receive has no useful timeout of its own (the process group's is for rendezvous
+and is minutes long), and a peer behind a cut link neither answers nor closes its socket: the
+receive would wait forever, and so would this worker, deaf to the controller meanwhile. The
+main thread marks such waits with `guard`; a background thread exits the process once one
+outlasts its limit, and the supervisor (Kubernetes, `sarathictl up --local`) restarts the
+worker, which registers again and joins the rebuilt pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 0.25
+
+
+def _exit_now(code: int) -> None:
+    logging.shutdown()
+    os._exit(code)
+
+
+class Watchdog:
+    def __init__(
+        self,
+        exit_code: int,
+        exit_process: Callable[[int], None] = _exit_now,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.exit_code = exit_code
+        self._exit_process = exit_process
+        self._clock = clock
+        self._what = ""
+        self._deadline = float("inf")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def guard(self, what: str, limit_s: float) -> Iterator[None]:
+        """While inside, the process exits if it is still inside after limit_s seconds."""
+        # Two plain stores (the check reads them together; a torn read only delays it a turn).
+        self._what, self._deadline = what, self._clock() + limit_s
+        try:
+            yield
+        finally:
+            self._deadline = float("inf")
+
+    def check(self) -> bool:
+        """One look: exits the process (returns True) if a guarded wait is past its limit."""
+        deadline, what = self._deadline, self._what
+        if self._clock() <= deadline:
+            return False
+        logger.error("%s: still blocked past its limit; exiting to be restarted", what)
+        self._exit_process(self.exit_code)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECK_EVERY_S):
+            if self.check():
+                return
+
+    def stop(self) -> None:
+        self._stop.set()

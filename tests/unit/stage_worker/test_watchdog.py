@@ -1,0 +1,57 @@
+"""The worker's watchdog: a guarded wait past its limit exits the process, nothing else does."""
+
+from __future__ import annotations
+
+import time
+
+from stage_worker.watchdog import Watchdog
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make() -> tuple[Watchdog, FakeClock, list[int]]:
+    clock, exits = FakeClock(), []
+    dog = Watchdog(3, exits.append, clock)
+    dog.stop()  # checked by hand below
+    return dog, clock, exits
+
+
+def test_a_wait_past_its_limit_exits_with_the_code() -> None:
+    dog, clock, exits = make()
+    with dog.guard("receiving the previous stage's activations", 10.0):
+        clock.now += 9.9
+        assert not dog.check() and exits == []
+        clock.now += 0.2
+        assert dog.check()
+    assert exits == [3]
+
+
+def test_time_outside_a_guard_never_counts() -> None:
+    dog, clock, exits = make()
+    with dog.guard("sending", 1.0):
+        clock.now += 0.5
+    clock.now += 3600.0  # idle between steps, however long
+    assert not dog.check()
+    with dog.guard("sending", 1.0):  # each wait has its own deadline
+        clock.now += 0.5
+        assert not dog.check()
+    assert exits == []
+
+
+def test_the_thread_exits_a_real_blocked_wait() -> None:
+    exits: list[int] = []
+    dog = Watchdog(3, exits.append)
+    try:
+        with dog.guard("a peer behind a cut link", 0.1):
+            deadline = time.monotonic() + 5
+            while not exits and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        dog.stop()
+    assert exits == [3]
