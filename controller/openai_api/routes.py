@@ -96,7 +96,9 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     serving = state.require_serving()
     try:
         body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    # ValueError: JSONDecodeError, UnicodeDecodeError, and a number past int()'s digit limit;
+    # RecursionError: arrays or objects nested past the parser's depth.
+    except (ValueError, RecursionError) as err:
         raise ApiError(400, f"the request body is not valid JSON: {err}") from err
     parsed = _PARSERS[kind](body, state.model_name, serving.limits, serving.tokenizer)
     state.admit()

@@ -32,6 +32,8 @@ DEFAULT_TEMPERATURE = 1.0
 # OpenAI's (and vLLM's) default for /v1/completions; chat gets the server's --default-max-tokens.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# top_k travels to the workers as an int32 (gRPC's own field is one).
+TOP_K_MAX = 2**31 - 1
 
 # Field -> the values that mean "not used", the only ones accepted.
 _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
@@ -60,14 +62,19 @@ _KNOWN_FIELDS = frozenset(
     }
 )  # fmt: skip
 _logged_unknown: set[str] = set()
+# Names remembered (and logged) at most: a client inventing names must not grow the server's
+# memory or its log without end.
+MAX_LOGGED_UNKNOWN_FIELDS = 64
 
 
 def _log_unknown_fields(body: Mapping[str, Any]) -> None:
     """Fields this server does not know pass, as vLLM lets them, but each name is logged once so
     an operator sees what clients send that has no effect."""
     for name in body.keys() - _KNOWN_FIELDS - _logged_unknown:
+        if len(_logged_unknown) >= MAX_LOGGED_UNKNOWN_FIELDS:
+            return
         _logged_unknown.add(name)
-        logger.warning("request field %r is not supported and was ignored", name)
+        logger.warning("request field %r is not supported and was ignored", name[:100])
 
 
 @dataclass(frozen=True)
@@ -163,13 +170,16 @@ def _finish(
     include_usage = _include_usage(fields.get("stream_options"), stream)
     temperature = _optional_float(fields, "temperature")
     top_p = _optional_float(fields, "top_p")
+    top_k = _optional_int(fields, "top_k") or 0  # vLLM's extension; 0 disables it
+    if top_k > TOP_K_MAX:  # JSON has no int32 bound; the workers' plans do
+        raise bad_field("top_k", f"must be at most {TOP_K_MAX}, got {top_k}")
     generation = build_generation_request(
         prompt_ids,
         limits,
         max_tokens=max_tokens,
         temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
-        top_k=_optional_int(fields, "top_k") or 0,  # vLLM's extension; 0 disables it
+        top_k=top_k,
         seed=_optional_int(fields, "seed"),
         stop=_stop_strings(fields.get("stop")),
         stop_token_ids=_token_ids(fields, "stop_token_ids", limits),
@@ -188,7 +198,7 @@ def _completion_prompt_ids(
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(_unicode(prompt, "prompt"))
     if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
         check_prompt_token_ids(prompt, limits, field="prompt")
         return list(prompt)
@@ -205,10 +215,20 @@ def _messages(value: object) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise bad_field(f"messages[{i}]", "must be an object with role and content")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_field(f"messages[{i}].role", f"must be one of {sorted(CHAT_ROLES)}")
-        messages.append({"role": role, "content": _content(message.get("content"), i)})
+        content = _unicode(_content(message.get("content"), i), f"messages[{i}].content")
+        messages.append({"role": role, "content": content})
     return messages
+
+
+def _unicode(text: str, field: str) -> str:
+    """JSON's \\ud800 escapes decode to lone surrogates, which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_field(field, f"is not valid Unicode (a lone surrogate at {err.start})") from err
+    return text
 
 
 def _content(content: object, index: int) -> str:

@@ -1,0 +1,84 @@
+"""What tests/integration/test_openai_fuzz.py found, pinned without processes: bodies that got a
+500 (or, for top_k, stopped the engine for every later request) now get a 400 naming the field,
+and invented field names cannot grow the server's memory or log without end."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from controller.openai_api import validation
+from controller.openai_api.errors import ApiError
+from controller.openai_api.routes import build_app
+from tests.unit.test_openai_app import ScriptedEngine, make_state
+from tests.unit.test_openai_requests import chat, completion
+
+
+def refused(parse: Any, **fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        parse(**fields)
+    assert err.value.status_code == 400
+    return err.value
+
+
+@pytest.mark.parametrize("prompt", ["\ud800", "ok \udfff", ["\udbff"]])
+def test_a_lone_surrogate_in_the_prompt_is_400(prompt: object) -> None:
+    # JSON's "\ud800" escape decodes to a lone surrogate; the tokenizer raised TypeError (500).
+    assert refused(completion, prompt=prompt).param == "prompt"
+
+
+@pytest.mark.parametrize(
+    "content", ["\ud800", [{"type": "text", "text": "a"}, {"type": "text", "text": "\udc00"}]]
+)
+def test_a_lone_surrogate_in_a_message_is_400(content: object) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": content}]
+    assert refused(chat, messages=messages).param == "messages[1].content"
+
+
+@pytest.mark.parametrize("role", [["user"], {"user": 1}])
+def test_an_unhashable_role_is_400(role: object) -> None:
+    # `role not in CHAT_ROLES` raised TypeError on a list or an object (500).
+    error = refused(chat, messages=[{"role": role, "content": "hi"}])
+    assert error.param == "messages[0].role"
+
+
+def test_top_k_past_int32_is_400_and_int32_max_is_accepted() -> None:
+    # 2**31 reached the workers' int32 field: encoding the plan raised in the engine's loop, and
+    # no request was served again (the HTTP API has no int32 bound of its own, unlike gRPC).
+    error = refused(completion, top_k=2**31)
+    assert error.param == "top_k" and str(2**31 - 1) in error.message
+    assert refused(completion, top_k=10**30).param == "top_k"
+    assert completion(top_k=2**31 - 1).generation.params.sampling.top_k == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "a", "max_tokens": 1' + b"0" * 5000 + b"}",  # past int()'s digit limit
+        b"[" * 100_000 + b"]" * 100_000,  # past the parser's recursion limit
+        b'{"prompt": ' * 5_000 + b"1" + b"}" * 5_000,
+    ],
+    ids=["5000-digit number", "deep array", "deep object"],
+)
+def test_json_the_parser_cannot_hold_is_400_in_openai_shape(body: bytes) -> None:
+    client = TestClient(build_app(make_state(ScriptedEngine())), raise_server_exceptions=False)
+    response = client.post("/v1/completions", content=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("the request body is not valid JSON")
+
+
+def test_invented_field_names_are_logged_and_kept_only_up_to_a_bound(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validation, "_logged_unknown", set())
+    with caplog.at_level(logging.WARNING, logger="controller.openai_api.validation"):
+        for i in range(500):
+            completion(max_tokens=2, **{f"invented_{i}": 1, "x" * 10_000: 2})
+    assert len(caplog.records) == validation.MAX_LOGGED_UNKNOWN_FIELDS
+    assert len(validation._logged_unknown) == validation.MAX_LOGGED_UNKNOWN_FIELDS
+    assert max(len(r.getMessage()) for r in caplog.records) < 200  # long names cut short
