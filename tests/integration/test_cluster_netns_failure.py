@@ -1,5 +1,6 @@
 """Issue 7 in cluster mode over real links: a stage worker and then the controller killed with
-SIGKILL mid-stream, on namespace hosts with a real etcd. The test supervises the processes as
+SIGKILL mid-stream, and (issue 16) a stage host's link cut for 10 s, on namespace hosts with a
+real etcd. The test supervises the processes as
 Kubernetes would (an exited process is started again with the same argv) and asserts what a
 client sees: the outage is noticed within the heartbeat timeout and shown by `sarathictl status`,
 requests sent while down are held, every stream completes equal to an undisturbed run (whose
@@ -152,6 +153,43 @@ def test_a_killed_stage_worker_re_registers_and_every_stream_equals_an_undisturb
         cluster.net.addresses["s1"],
     ]
     assert cluster.restarts.get("controller", 0) == 0
+
+
+LINK_DOWN_S = 10.0
+
+
+def test_y_a_cut_link_is_detected_the_pipeline_rebuilt_when_it_returns_and_streams_complete(
+    cluster: NamespacedCluster,
+) -> None:
+    prompts = [[5, 17, 33, 80, 101, 7, 9], [250, 3, 3, 3]]
+    max_tokens = 300
+    expected = undisturbed_runs(cluster, prompts, max_tokens)
+    streams = [Stream(cluster, p, max_tokens) for p in prompts]
+    wait_until(lambda: all(len(s.tokens) >= 5 for s in streams), 60, "tokens streaming")
+    sent_before_cut = [len(s.tokens) for s in streams]
+    cut_at = time.monotonic()
+    cluster.net.set_link("s1", up=False)  # no packet in or out; no socket is closed
+    try:
+        detect_s = cluster.wait_for(
+            lambda: not cluster.healthy(),
+            HEARTBEAT_TIMEOUT_S + DETECTION_SLACK_S,
+            "the cut noticed (health NOT_SERVING)",
+        )
+        assert "stage 1" in cluster.status().problem
+        time.sleep(max(0.0, LINK_DOWN_S - (time.monotonic() - cut_at)))
+    finally:
+        cluster.net.set_link("s1", up=True)
+    restored_at = time.monotonic()
+    cluster.wait_for(cluster.healthy, 120, "serving again after the link returned")
+    serving_s = time.monotonic() - restored_at
+    outs = [s.result(120) for s in streams]
+    print(
+        f"\nnamespace cluster, stage 1's link down {LINK_DOWN_S:.0f} s: detected in "
+        f"{detect_s:.2f} s; serving again {serving_s:.2f} s after the link returned"
+    )
+    assert all(0 < n < max_tokens for n in sent_before_cut), sent_before_cut  # mid-stream
+    assert outs == expected  # no token missing or repeated, every request completed
+    assert cluster.status().serving
 
 
 def test_z_a_killed_controller_is_replaced_and_workers_re_register_with_it(
