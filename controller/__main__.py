@@ -14,6 +14,7 @@ from typing import Any
 from controller.admission import AdmissionConfig, WhileDown
 from controller.app import read_model_config, serve
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
+from controller.memory_trace import MemoryTraceConfig, memory_trace
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from controller.slo import choose_for_tbt_slo, parse_step_cost
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for workers",
     )
     add_reliability_flags(p)
+    add_memory_trace_flags(p)
     return p
 
 
@@ -209,6 +211,38 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--auth-token-file", default="", help="bearer tokens, one per line (gRPC and HTTP API)"
+    )
+
+
+def add_memory_trace_flags(p: argparse.ArgumentParser) -> None:
+    """Soak debugging (controller/memory_trace.py): off unless --memory-trace-dir is set."""
+    defaults = MemoryTraceConfig()
+    p.add_argument(
+        "--memory-trace-dir",
+        default="",
+        help="debugging: trace Python allocations (tracemalloc) and write reports of what grew "
+        "into this folder (empty: off; slows the controller)",
+    )
+    p.add_argument(
+        "--memory-trace-interval",
+        type=float_in(1.0, 86400.0),
+        default=defaults.interval_s,
+        help="seconds between memory reports, in [1, 86400]",
+    )
+    p.add_argument(
+        "--memory-trace-frames",
+        type=Number(int, "in [0, 64]", lambda v: 0 <= v <= 64, ("abc", "-1", "65")),
+        default=defaults.frames,
+        help="stack frames kept per traced allocation, in [0, 64] (0: no tracemalloc, only RSS, "
+        "malloc's view and object counts)",
+    )
+
+
+def memory_trace_config(args: argparse.Namespace) -> MemoryTraceConfig:
+    return MemoryTraceConfig(
+        out_dir=args.memory_trace_dir,
+        interval_s=args.memory_trace_interval,
+        frames=args.memory_trace_frames,
     )
 
 
@@ -316,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = config_from_args(args)
-        asyncio.run(serve(config))
+        with memory_trace(memory_trace_config(args)):
+            asyncio.run(serve(config))
     except ConfigError as err:
         print(f"controller: invalid configuration: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 Starts a local cluster (supervised, so killed workers come back) and measures: a closed-loop
 load held with zero errors, 10x that load (refusals, no hang, controller memory), a stage
 killed with SIGKILL mid-stream (time to detect and to recover, requests lost), and optionally
-a soak with the controller's memory sampled over time.
+a soak with the controller's memory sampled over time (and, with --memory-trace-dir, traced
+inside by tracemalloc: controller/memory_trace.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -138,10 +140,29 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=16, help="tokens per request")
     p.add_argument("--max-queued", type=int, default=16, help="admission queue bound")
     p.add_argument("--soak", type=float, default=0.0, help="soak seconds (0: no soak)")
+    p.add_argument(
+        "--memory-trace-dir",
+        default="",
+        help="the controller's --memory-trace-dir: tracemalloc reports every minute (empty: off)",
+    )
+    p.add_argument(
+        "--memory-trace-interval", type=float, default=60.0, help="seconds between those reports"
+    )
+    p.add_argument(
+        "--memory-trace-frames",
+        type=int,
+        default=4,
+        help="the controller's --memory-trace-frames (0: RSS and malloc only, no tracemalloc)",
+    )
     args = p.parse_args()
+    trace_args: tuple[str, ...] = ()
+    if args.memory_trace_dir:
+        trace_args = ("--memory-trace-dir", args.memory_trace_dir,
+                      "--memory-trace-interval", str(args.memory_trace_interval),
+                      "--memory-trace-frames", str(args.memory_trace_frames))  # fmt: skip
     config = LocalClusterConfig(
         model_dir=args.model, pp=args.pp, port=0, budget_tokens=256, kv_cache_bytes=64 << 20,
-        extra_controller_args=("--max-queued-requests", str(args.max_queued)),
+        extra_controller_args=("--max-queued-requests", str(args.max_queued), *trace_args),
     )  # fmt: skip
     report: dict[str, object] = {}
     with LocalCluster(config) as cluster:
@@ -155,13 +176,17 @@ def main() -> int:
         )
         report["rss_after_overload_mib"] = round(rss_mib(controller_pid), 1)
         report["kill_stage_1"] = kill_stage(cluster, 1, 4, 64)
+        print(json.dumps(report), file=sys.stderr, flush=True)
         if args.soak > 0:
             # 80% of the steady phase's clients: closed-loop load just under what was held.
             clients = max(1, int(0.8 * args.concurrency))
             samples, minutes = [], []
-            for _ in range(max(1, int(args.soak // 60))):
+            for minute in range(max(1, int(args.soak // 60))):
                 minutes.append(closed_loop(cluster.addr, clients, 60.0, args.max_tokens))
                 samples.append(round(rss_mib(dict(cluster.procs)["controller"].pid), 1))
+                # As it goes, so a long soak shows its trend (and keeps it if cut short).
+                print(f"soak minute {minute + 1}: {minutes[-1]}, rss {samples[-1]} MiB",
+                      file=sys.stderr, flush=True)  # fmt: skip
             report["soak_clients"] = clients
             report["soak_per_minute"] = minutes
             report["soak_rss_mib_per_minute"] = samples
