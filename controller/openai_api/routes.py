@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -95,7 +95,11 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     state.authenticate(request.headers.get("authorization"))
     serving = state.require_serving()
     try:
-        body = json.loads(await request.body())
+        raw = await request.body()
+    except ClientDisconnect as err:  # gone before its body was whole: nobody to answer, no fault
+        raise ApiError(400, "the client disconnected before sending the whole body") from err
+    try:
+        body = json.loads(raw)
     # ValueError: JSONDecodeError, UnicodeDecodeError, and a number past int()'s digit limit;
     # RecursionError: arrays or objects nested past the parser's depth.
     except (ValueError, RecursionError) as err:

@@ -4,6 +4,7 @@ and invented field names cannot grow the server's memory or log without end."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -82,3 +83,33 @@ def test_invented_field_names_are_logged_and_kept_only_up_to_a_bound(
     assert len(caplog.records) == validation.MAX_LOGGED_UNKNOWN_FIELDS
     assert len(validation._logged_unknown) == validation.MAX_LOGGED_UNKNOWN_FIELDS
     assert max(len(r.getMessage()) for r in caplog.records) < 200  # long names cut short
+
+
+def test_a_client_gone_before_its_body_is_whole_is_no_server_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A Content-Length larger than what came, then the connection closed: Starlette raised
+    # ClientDisconnect, answered 500 to nobody and logged two tracebacks per such request.
+    app = build_app(make_state(ScriptedEngine()))
+    incoming: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"prompt": "a"', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+        "root_path": "", "query_string": b"", "headers": [(b"content-length", b"1000")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
