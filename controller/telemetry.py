@@ -126,7 +126,13 @@ class StageShares:
 
 
 class LatencyWindow:
-    """Recent TTFT and TBT samples with their times, for status percentiles."""
+    """Recent TTFT and TBT samples with their times, for status percentiles.
+
+    Samples older than the window go as new ones come (status never reads them), so memory
+    follows the rate over the last `window_s`, not the number of requests served: kept until
+    `max_samples` pushed them out, the TTFT samples added ~110 bytes a request to the
+    controller for its first 100,000 requests (the soak's drift in RELIABILITY.md).
+    `max_samples` still caps a burst."""
 
     def __init__(self, window_s: float = 60.0, max_samples: int = 100_000) -> None:
         self.window_s = window_s
@@ -137,10 +143,21 @@ class LatencyWindow:
     def add_ttft(self, now: float, ttft_s: float) -> None:
         self._ttft.append((now, ttft_s))
         self._tokens.append(now)
+        self._drop_older(now)
 
     def add_tbt(self, now: float, tbt_s: float) -> None:
         self._tbt.append((now, tbt_s))
         self._tokens.append(now)
+        self._drop_older(now)
+
+    def _drop_older(self, now: float) -> None:
+        cutoff = now - self.window_s
+        for samples in (self._ttft, self._tbt):
+            while samples and samples[0][0] < cutoff:
+                samples.popleft()
+        tokens = self._tokens
+        while tokens and tokens[0] < cutoff:
+            tokens.popleft()
 
     def _recent(self, samples: deque[tuple[float, float]], now: float) -> list[float]:
         cutoff = now - self.window_s
