@@ -53,11 +53,12 @@ def build_generation_request(
     ignore_eos: bool = False,
     request_id: str = "",
     resume_token_ids: Sequence[int] = (),
+    logprobs: int | None = None,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
     client already received, to go on from (the engine and scheduler check that it had not
-    ended)."""
+    ended). logprobs: None, or how many alternatives each token's log-probability comes with."""
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
     check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
@@ -79,6 +80,7 @@ def build_generation_request(
         top_p=top_p,
         top_k=top_k,
         seed=secrets.randbits(63) if seed is None else seed,
+        top_logprobs=logprobs,
     )
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
@@ -123,4 +125,5 @@ def to_generation_request(
         ignore_eos=req.ignore_eos,
         request_id=req.request_id,
         resume_token_ids=req.resume_token_ids,
+        logprobs=req.logprobs if req.HasField("logprobs") else None,
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from controller.admission import AdmissionConfig, check_admission
+from controller.logprobs import TokenLogprobs
 from controller.metrics import ControllerMetrics
 from controller.scheduler import (
     FinishReason,
@@ -73,6 +74,8 @@ class StreamEvent(NamedTuple):
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     scheduling_delay_s: float = 0.0
+    logprobs: TokenLogprobs | None = None
+    """The token's log-probabilities, when the request asked for them."""
 
 
 @dataclass
@@ -89,6 +92,8 @@ class RequestHandle:
     finished: bool = False
     num_streamed: int = 0
     """Output tokens streamed so far (the engine streams them after applying them)."""
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    """Log-probabilities of output tokens applied but not streamed yet, by output index."""
 
 
 class Engine:
@@ -186,7 +191,12 @@ class Engine:
         return True
 
     # ---- pipeline side ----------------------------------------------------------------------
-    def on_result(self, batch_id: int, sampled: dict[int, int]) -> None:
+    def on_result(
+        self,
+        batch_id: int,
+        sampled: dict[int, int],
+        logprobs: dict[int, TokenLogprobs] | None = None,
+    ) -> None:
         """Applies a micro-batch's sampled tokens to the scheduler. Streaming them (latency
         records, detokenizing, stop strings, events) waits for `stream_pending`, which the loop
         runs once the next micro-batches are on their way: the per-token work then overlaps the
@@ -202,8 +212,19 @@ class Engine:
         phases.num_tokens += len(sampled)
         if updated:
             self._pending.append((now, updated))
+            if logprobs:
+                self._keep_logprobs(updated, logprobs)
         self.overhead_s += time.thread_time() - start
         self._wake.set()
+
+    def _keep_logprobs(self, updated: list[Sequence], logprobs: dict[int, TokenLogprobs]) -> None:
+        """Files each new token's log-probabilities under its output index until it streams (a
+        result for a sequence preempted meanwhile is not applied, so indices never go stale)."""
+        for seq in updated:
+            entry = logprobs.get(seq.seq_id)
+            handle = self._handles.get(seq.seq_id)
+            if entry is not None and handle is not None:
+                handle.logprobs[len(seq.output_token_ids) - 1] = entry
 
     def stream_pending(self) -> None:
         """Streams the tokens of every result applied since the last call, in order."""
@@ -233,10 +254,11 @@ class Engine:
                 if hit_stop and not last:
                     self.scheduler.abort(seq.seq_id, FinishReason.STOP)
                     self._wake.set()  # its KV blocks are free for others
+                logprobs = handle.logprobs.pop(index, None) if handle.logprobs else None
                 if hit_stop or last:
-                    self._finish(handle, seq, text, now, token_id, hit_stop)
+                    self._finish(handle, seq, text, now, token_id, hit_stop, logprobs)
                 else:
-                    handle.events.put_nowait(StreamEvent(text, [token_id]))
+                    handle.events.put_nowait(StreamEvent(text, [token_id], logprobs=logprobs))
         self.phases.detokenize_s += detokenize_s
         self.phases.stream_s += wall_clock() - streaming - detokenize_s
         self.overhead_s += time.thread_time() - start
@@ -262,6 +284,7 @@ class Engine:
         now: float,
         token_id: int | None = None,
         hit_stop: bool = False,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         assert seq.finish_reason is not None
         if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
@@ -282,6 +305,7 @@ class Engine:
                 len(seq.prompt_token_ids),
                 num_output,
                 (seq.first_scheduled_time or now) - seq.arrival_time,
+                logprobs,
             )
         )
         handle.finished = True

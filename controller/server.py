@@ -99,6 +99,13 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                 )
                 if seed is not None:
                     response.seed, seed = seed, None
+                if event.logprobs is not None:
+                    lp = event.logprobs
+                    response.logprobs.add(
+                        logprob=lp.logprob,
+                        top_token_ids=lp.top_token_ids,
+                        top_logprobs=lp.top_logprobs,
+                    )
                 if event.finish_reason is FinishReason.ABORT and self.shutting_down:
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"

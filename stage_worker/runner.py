@@ -18,7 +18,7 @@ from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import StageModel
-from stage_worker.sampler import SamplingSpec, sample
+from stage_worker.sampler import SamplingSpec, TokenLogprobs, sample, token_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +69,9 @@ class StageRunner:
         device = self.model.device
         for s in plan.seqs:
             if s.HasField("sampling"):
-                spec = SamplingSpec(
-                    s.sampling.temperature, s.sampling.top_p, s.sampling.top_k, s.sampling.seed
-                )
+                sp = s.sampling
+                top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
+                spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
                 self.seqs[s.seq_id] = SeqState([], 0, spec)
         step = _StepBuilder(self.seqs, self.model.shard.is_first)
         at = plan.decodes_at
@@ -177,6 +177,15 @@ class StageRunner:
         positions = [s.num_computed_tokens for s in states]
         tokens = sample(logits, [s.sampling for s in states], positions)
         return list(zip(step.sample_seq_ids, tokens, strict=True))
+
+    def logprobs(
+        self, step: PreparedStep, logits: torch.Tensor, tokens: list[int]
+    ) -> list[TokenLogprobs | None]:
+        """Per sampled row, its token's log-probabilities where its sequence asked (else None)."""
+        counts = [self.seqs[i].sampling.top_logprobs for i in step.sample_seq_ids]
+        if max(counts, default=-1) < 0:
+            return [None] * len(tokens)
+        return token_logprobs(logits, tokens, counts)
 
 
 class _StepBuilder:

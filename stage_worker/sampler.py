@@ -20,6 +20,8 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    top_logprobs: int = -1
+    """-1: no log-probabilities; k >= 0: the sampled token's and k alternatives."""
 
     @property
     def greedy(self) -> bool:
@@ -72,3 +74,36 @@ def sample(logits: torch.Tensor, specs: list[SamplingSpec], positions: list[int]
             continue
         tokens[row] = draw(filtered_probs(logits[row], spec), uniform(spec.seed, position))
     return tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    logprob: float
+    """The sampled token's log-probability."""
+    top_token_ids: list[int]
+    """The most likely tokens, most likely first."""
+    top_logprobs: list[float]
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], counts: list[int]
+) -> list[TokenLogprobs | None]:
+    """logits: [n, vocab] float32; tokens: the n sampled ids; counts: alternatives per row, -1 for
+    a row that wants none -> one entry per row (None where not asked). The model's own
+    distribution (log_softmax of the raw logits, before temperature or filtering), as OpenAI and
+    vLLM report it; one batched log_softmax and top-k over the rows that ask."""
+    out: list[TokenLogprobs | None] = [None] * len(tokens)
+    rows = [i for i, k in enumerate(counts) if k >= 0]
+    if not rows:
+        return out
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)  # [r, vocab]
+    chosen_ids = torch.tensor([tokens[i] for i in rows], device=logits.device).unsqueeze(1)
+    chosen = logp.gather(1, chosen_ids).squeeze(1).tolist()  # [r]
+    k_max = max(counts[i] for i in rows)
+    top_values, top_ids = logp.topk(k_max, dim=-1) if k_max > 0 else (logp[:, :0], logp[:, :0])
+    values, ids = top_values.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        k = counts[i]
+        out[i] = TokenLogprobs(chosen[j], [int(t) for t in ids[j][:k]], values[j][:k])
+    return out

@@ -35,6 +35,7 @@ from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, 
 from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import PreparedStep, StageRunner
+from stage_worker.sampler import TokenLogprobs
 from stage_worker.step_timer import StepTimer, TimedAttention, clock
 from stage_worker.watchdog import Watchdog
 
@@ -419,10 +420,12 @@ class StageWorker:
     ) -> None:
         """Last stage: logits and sampling at the rows that yield a token; TP rank 0 sends them."""
         tokens: list[tuple[int, int]] = []
+        logprobs: list[TokenLogprobs | None] = []
         if step.sample_rows:
             logits = runner.logits(step, hidden)
             timer.logits_s += timer.lap()
             tokens = runner.sample(step, logits)
+            logprobs = runner.logprobs(step, logits, [token_id for _, token_id in tokens])
             timer.sample_s += timer.lap()
         if runner.model.shard.tp_rank == 0:
             result = stage_pb2.StepResult(
@@ -430,4 +433,16 @@ class StageWorker:
                 seq_ids=[seq_id for seq_id, _ in tokens],
                 token_ids=[token_id for _, token_id in tokens],
             )
+            pack_logprobs(result, logprobs)
             self._send(stage_pb2.WorkerMessage(result=result))
+
+
+def pack_logprobs(result: stage_pb2.StepResult, logprobs: list[TokenLogprobs | None]) -> None:
+    """The rows that asked for log-probabilities, as StepResult's packed columns."""
+    for row, entry in enumerate(logprobs):
+        if entry is not None:
+            result.logprob_rows.append(row)
+            result.logprobs.append(entry.logprob)
+            result.top_counts.append(len(entry.top_token_ids))
+            result.top_token_ids.extend(entry.top_token_ids)
+            result.top_logprobs.extend(entry.top_logprobs)

@@ -27,7 +27,11 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
             s = chunk.sampling
             seq.sampling.CopyFrom(
                 stage_pb2.SamplingParams(
-                    temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    top_k=s.top_k,
+                    seed=s.seed,
+                    top_logprobs=s.top_logprobs,
                 )
             )
     block = batch.decodes

@@ -59,9 +59,11 @@ def full_response(
     finish_reason: str,
     usage_counts: dict[str, int],
     token_ids: list[int] | None = None,
+    logprobs: dict[str, object] | None = None,
 ) -> dict[str, object]:
-    """A non-streamed answer; token_ids: the output's ids, when the request asked for them."""
-    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    """A non-streamed answer; token_ids: the output's ids, when the request asked for them;
+    logprobs: OpenAI's logprobs object, when it asked for them."""
+    choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":
@@ -79,11 +81,13 @@ def chunk(
     role: bool = False,
     include_usage: bool = False,
     token_ids: list[int] | None = None,
+    logprobs: dict[str, object] | None = None,
 ) -> dict[str, object]:
     """One streamed choice delta. role: the chat stream's first chunk, which names the speaker.
     include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`.
-    token_ids: the ids this chunk's text came from, when the request asked for them."""
-    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    token_ids: the ids this chunk's text came from, when the request asked for them; logprobs:
+    theirs, as OpenAI's logprobs object, when it asked for them."""
+    choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":

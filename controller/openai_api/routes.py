@@ -25,6 +25,7 @@ from controller.openai_api.errors import (
     not_ready,
     queue_full,
 )
+from controller.openai_api.logprobs import LogprobsFormatter
 from controller.openai_api.responses import (
     Kind,
     ResponseIds,
@@ -114,8 +115,12 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
         raise not_ready() from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
         raise invalid_request(err) from err
-    seed = parsed.generation.params.sampling.seed if parsed.return_token_ids else None
+    sampling = parsed.generation.params.sampling
+    seed = sampling.seed if parsed.return_token_ids else None
     ids = ResponseIds(handle.request_id, state.model_name, kind, seed=seed)
+    formatter = None
+    if sampling.top_logprobs is not None:
+        formatter = LogprobsFormatter(serving.tokenizer, kind)
     if parsed.stream:
         return StreamingResponse(
             sse_stream(
@@ -125,16 +130,19 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
                 request.receive,
                 parsed.include_usage,
                 parsed.return_token_ids,
+                formatter,
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    text, token_ids, last = await collect(handle, serving.engine, request.receive)
+    answer = await collect(handle, serving.engine, request.receive)
+    last = answer.last
     assert last.finish_reason is not None
     counts = usage(last.num_prompt_tokens, last.num_output_tokens)
     reason = finish_reason_name(last.finish_reason)
-    shown_ids = token_ids if parsed.return_token_ids else None
-    return JSONResponse(full_response(ids, text, reason, counts, shown_ids))
+    shown_ids = answer.token_ids if parsed.return_token_ids else None
+    logprobs = formatter.format(answer.token_ids, answer.logprobs) if formatter else None
+    return JSONResponse(full_response(ids, answer.text, reason, counts, shown_ids, logprobs))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -11,10 +11,13 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.types import Receive
 
 from controller.engine import RequestHandle, StreamEvent
+from controller.logprobs import TokenLogprobs
+from controller.openai_api.logprobs import LogprobsFormatter
 from controller.openai_api.responses import (
     ResponseIds,
     chunk,
@@ -31,6 +34,14 @@ SSE_DONE = "data: [DONE]\n\n"
 
 def sse(body: dict[str, object]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _logprobs_of(
+    event: StreamEvent, formatter: LogprobsFormatter | None
+) -> dict[str, object] | None:
+    if formatter is None or event.logprobs is None:
+        return None
+    return formatter.format(event.token_ids, [event.logprobs])
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -66,21 +77,33 @@ class DisconnectWatch:
             self.engine.abort(self.handle.request_id)
 
 
-async def collect(
-    handle: RequestHandle, engine: EngineLike, receive: Receive
-) -> tuple[str, list[int], StreamEvent]:
-    """Waits for the whole answer: (its text, its token ids, the last event with finish reason
-    and counts)."""
+@dataclass
+class Answer:
+    """A whole answer, collected."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs]
+    """One per token, when the request asked for them (else empty)."""
+    last: StreamEvent
+    """The last event: finish reason and counts."""
+
+
+async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -> Answer:
+    """Waits for the whole answer."""
     watch = DisconnectWatch(receive, engine, handle)
     parts = []
     token_ids: list[int] = []
+    logprobs: list[TokenLogprobs] = []
     try:
         while True:
             event = await handle.events.get()
             parts.append(event.text)
             token_ids += event.token_ids
+            if event.logprobs is not None:
+                logprobs.append(event.logprobs)
             if event.finish_reason is not None:
-                return "".join(parts), token_ids, event
+                return Answer("".join(parts), token_ids, logprobs, event)
     finally:
         watch.close()
 
@@ -92,28 +115,29 @@ async def sse_stream(
     receive: Receive,
     include_usage: bool,
     return_token_ids: bool = False,
+    logprobs: LogprobsFormatter | None = None,
 ) -> AsyncIterator[str]:
     """The request's chunks as SSE lines, then `data: [DONE]`. Cancelled (the response task
     stopped) or closed early, the `finally` aborts the sequence. return_token_ids: every token
     gets a chunk with its id, even one whose text is held back (a client resuming a cut stream
-    needs every id)."""
+    needs every id); with `logprobs`, every token's chunk carries its log-probabilities."""
     watch = DisconnectWatch(receive, engine, handle)
     try:
         if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
             yield sse(chunk(ids, text="", role=True, include_usage=include_usage))
         while True:
             event = await handle.events.get()
-            if return_token_ids and (event.text or event.token_ids):
+            every_token = return_token_ids or logprobs is not None
+            if event.text or (every_token and event.token_ids):
                 yield sse(
                     chunk(
                         ids,
                         text=event.text,
                         include_usage=include_usage,
-                        token_ids=event.token_ids,
+                        token_ids=event.token_ids if return_token_ids else None,
+                        logprobs=_logprobs_of(event, logprobs),
                     )
                 )
-            elif event.text:
-                yield sse(chunk(ids, text=event.text, include_usage=include_usage))
             if event.finish_reason is None:
                 continue
             if watch.disconnected:

@@ -23,6 +23,7 @@ from controller.api_request import (
 from controller.engine import GenerationRequest
 from controller.openai_api.errors import ApiError, bad_field, invalid_request
 from controller.scheduler import InvalidRequestError
+from controller.scheduler.sequence import MAX_TOP_LOGPROBS
 from controller.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,6 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
@@ -55,7 +54,8 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
 # Fields read here, and OpenAI's that change nothing for this server (user, metadata, ...).
 _KNOWN_FIELDS = frozenset(
     {
-        *_NO_OP_VALUES, "model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+        *_NO_OP_VALUES, "logprobs", "top_logprobs", "model", "prompt", "messages", "max_tokens",
+        "max_completion_tokens",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
         "parallel_tool_calls", "resume_token_ids", "return_token_ids",
@@ -116,7 +116,11 @@ def _parse_completion(
     max_tokens = _optional_int(fields, "max_tokens")
     if max_tokens is None:
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    return _finish(fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl")
+    # Completions' logprobs is the number of alternatives (0: the sampled token's own only).
+    logprobs = _optional_int(fields, "logprobs")
+    if "top_logprobs" in fields:
+        raise bad_field("top_logprobs", "is chat's; completions take logprobs: <count>")
+    return _finish(fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl", logprobs)
 
 
 def _parse_chat(
@@ -134,7 +138,20 @@ def _parse_chat(
     name = "max_tokens"
     if fields.get("max_completion_tokens") is not None:
         name = "max_completion_tokens"
-    return _finish(fields, prompt_ids, name, _optional_int(fields, name), limits, "chatcmpl")
+    max_tokens = _optional_int(fields, name)
+    return _finish(fields, prompt_ids, name, max_tokens, limits, "chatcmpl", _chat_logprobs(fields))
+
+
+def _chat_logprobs(fields: Mapping[str, Any]) -> int | None:
+    """Chat's logprobs (true/false) and top_logprobs (a count) -> alternatives, or None."""
+    top = _optional_int(fields, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_field("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+    if not _optional_bool(fields, "logprobs"):
+        if top:
+            raise bad_field("top_logprobs", "needs logprobs: true")
+        return None
+    return top or 0
 
 
 def _common_checks(body: object, model_name: str) -> Mapping[str, Any]:
@@ -163,6 +180,7 @@ def _finish(
     max_tokens: int | None,
     limits: RequestLimits,
     id_prefix: str,
+    logprobs: int | None = None,
 ) -> ParsedRequest:
     if max_tokens is not None and max_tokens < 1:
         raise bad_field(max_tokens_field, f"must be >= 1, got {max_tokens}")
@@ -186,6 +204,7 @@ def _finish(
         ignore_eos=_optional_bool(fields, "ignore_eos") or False,  # vLLM's extension
         request_id=f"{id_prefix}-{uuid.uuid4().hex}",
         resume_token_ids=_token_ids(fields, "resume_token_ids", limits),  # our extension
+        logprobs=logprobs,
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
     return ParsedRequest(generation, stream, include_usage, return_token_ids)

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 
 from controller.scheduler.errors import InvalidRequestError
 
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives a request may ask for (OpenAI's and vLLM's limit)."""
+
 if TYPE_CHECKING:
     from controller.scheduler.decode_roster import DecodeRoster
 
@@ -36,6 +39,8 @@ class SamplingParams:
     """0 disables top-k."""
     seed: int = 0
     """Per-request generator seed."""
+    top_logprobs: int | None = None
+    """None: no log-probabilities; k: each token's and its k most likely alternatives."""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:  # also refuses NaN
@@ -46,6 +51,10 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be >= 0, got {self.top_k}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequestError("seed", f"must be in [0, 2**64), got {self.seed}")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                "logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+            )
 
 
 @dataclass(frozen=True)

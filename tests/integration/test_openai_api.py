@@ -319,3 +319,52 @@ def test_each_stage_splits_its_time_into_busy_bubble_and_idle(
             shares[sample.labels["stage"]] = shares.get(sample.labels["stage"], 0.0) + sample.value
     assert sorted(shares) == ["0", "1"]
     assert all(total == pytest.approx(1.0, abs=1e-6) for total in shares.values())
+
+
+def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softmax(
+    served: Served,
+) -> None:
+    """PP=2, float32: each token's log-probability and its top alternatives, through gRPC and
+    through the official client (completions and chat), equal transformers' log_softmax."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = served.tokenizer.encode("The pipeline")
+    top = 3
+    responses = list(
+        served.grpc_stub.Generate(
+            generate_pb2.GenerateRequest(
+                prompt_token_ids=prompt, max_tokens=6, ignore_eos=True, logprobs=top
+            ),
+            timeout=120,
+        )
+    )
+    tokens = [t for r in responses for t in r.token_ids]
+    entries = [e for r in responses for e in r.logprobs]
+    assert len(entries) == len(tokens) == 6
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, dim=-1)  # [6, vocab]
+    for i, entry in enumerate(entries):
+        assert entry.logprob == pytest.approx(float(expected[i, tokens[i]]), abs=1e-4)
+        best = torch.topk(expected[i], top)
+        assert list(entry.top_token_ids) == best.indices.tolist()
+        assert list(entry.top_logprobs) == pytest.approx(best.values.tolist(), abs=1e-4)
+
+    completion = served.client.completions.create(
+        model=served.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=top,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    legacy = completion.choices[0].logprobs
+    assert legacy is not None and legacy.token_logprobs is not None
+    assert legacy.token_logprobs == pytest.approx([e.logprob for e in entries], abs=1e-6)
+    assert legacy.top_logprobs is not None and all(len(m) <= top for m in legacy.top_logprobs)
+    chat = served.client.chat.completions.create(
+        model=served.model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True,
+        top_logprobs=2, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    content = chat.choices[0].logprobs
+    assert content is not None and content.content is not None and len(content.content) == 4
+    assert all(len(entry.top_logprobs) == 2 for entry in content.content)
+    assert all(entry.logprob <= 0.0 for entry in content.content)

@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from controller.engine import GenerationRequest, RequestHandle, StreamEvent
+from controller.logprobs import TokenLogprobs
 from controller.openai_api.routes import build_app
 from controller.openai_api.state import HttpApiState
 from controller.scheduler import FinishReason
@@ -45,6 +46,7 @@ class ScriptedEngine:
         handle = RequestHandle(request.request_id, len(self.added), 0.0, NoText())
         for i, text in enumerate(self.deltas):
             last = i == len(self.deltas) - 1 and self.finish is not None
+            asked = request.params.sampling.top_logprobs is not None
             handle.events.put_nowait(
                 StreamEvent(
                     text,
@@ -52,6 +54,7 @@ class ScriptedEngine:
                     self.finish if last else None,
                     num_prompt_tokens=len(request.prompt_token_ids),
                     num_output_tokens=len(self.deltas),
+                    logprobs=TokenLogprobs(-0.5 * (i + 1), (i, 7), (-0.5, -2.0)) if asked else None,
                 )
             )
         handle.finished = self.finish is not None
@@ -309,3 +312,56 @@ def test_resume_token_ids_reach_the_engine_and_are_checked() -> None:
     bad = client.post("/v1/completions", json={"prompt": "the", "resume_token_ids": [10**9]})
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "resume_token_ids"
+
+
+def test_completion_logprobs_come_in_the_legacy_columns_streamed_or_whole() -> None:
+    tokenizer = make_tokenizer()
+    engine = ScriptedEngine(deltas=("Hel", "", "lo"))  # the middle token's text is held back
+    client = TestClient(build_app(make_state(engine)))
+    whole = client.post("/v1/completions", json={"prompt": "the", "logprobs": 2}).json()
+    logprobs = whole["choices"][0]["logprobs"]
+    texts = [tokenizer.decode([t], skip_special_tokens=False) for t in (0, 1, 2)]
+    assert logprobs["tokens"] == texts
+    assert logprobs["token_logprobs"] == [-0.5, -1.0, -1.5]
+    seven = tokenizer.decode([7], skip_special_tokens=False)
+    assert logprobs["top_logprobs"][1] == {texts[1]: -0.5, seven: -2.0}
+    assert logprobs["text_offset"] == [0, len(texts[0]), len(texts[0]) + len(texts[1])]
+    streamed = client.post("/v1/completions", json={"prompt": "the", "logprobs": 2, "stream": True})
+    chunks = [c for c in sse_bodies(streamed.text) if c["choices"][0]["logprobs"]]
+    assert [c["choices"][0]["logprobs"]["token_logprobs"] for c in chunks] == [
+        [-0.5],
+        [-1.0],
+        [-1.5],
+    ]  # fmt: skip  (every token, the held-back one too)
+    assert [c["choices"][0]["logprobs"]["text_offset"] for c in chunks] == [
+        [0], [len(texts[0])], [len(texts[0]) + len(texts[1])],
+    ]  # fmt: skip
+
+
+def test_chat_logprobs_are_content_entries_with_bytes_and_alternatives() -> None:
+    engine = ScriptedEngine()
+    body = (
+        TestClient(build_app(make_state(engine)))
+        .post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "hi"}],
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+        )
+        .json()
+    )
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [entry["logprob"] for entry in content] == [-0.5, -1.0, -1.5]
+    assert all(entry["bytes"] == list(entry["token"].encode()) for entry in content)
+    assert [len(entry["top_logprobs"]) for entry in content] == [2, 2, 2]
+    assert content[0]["top_logprobs"][1]["logprob"] == -2.0
+    assert engine.added[0].params.sampling.top_logprobs == 2
+
+
+def test_without_logprobs_the_choice_logprobs_is_null() -> None:
+    body = TestClient(build_app(make_state(ScriptedEngine()))).post(
+        "/v1/completions", json={"prompt": "the"}
+    )
+    assert body.json()["choices"][0]["logprobs"] is None

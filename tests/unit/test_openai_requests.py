@@ -156,7 +156,9 @@ def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": "yes"}, "stream"),
         ({"echo": True}, "echo"),
-        ({"logprobs": 3}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"best_of": 2}, "best_of"),
         ({"stop_token_ids": [99999]}, "stop_token_ids"),
     ],
@@ -183,6 +185,9 @@ def test_bad_completion_fields_get_400_naming_the_field(
         ),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"tools": [{"type": "function"}]}, "tools"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_bad_chat_fields_get_400_naming_the_field(fields: dict[str, Any], field_name: str) -> None:
@@ -238,3 +243,15 @@ def test_http_and_grpc_refuse_with_the_same_message(
         completion(prompt="the", **http_fields)
     assert http_err.value.message == str(grpc_err.value)
     assert http_err.value.param == grpc_err.value.field
+
+
+def test_logprobs_ask_for_the_tokens_own_and_that_many_alternatives() -> None:
+    assert completion(logprobs=3).generation.params.sampling.top_logprobs == 3
+    assert completion(logprobs=0).generation.params.sampling.top_logprobs == 0
+    assert completion().generation.params.sampling.top_logprobs is None
+    assert chat(logprobs=True).generation.params.sampling.top_logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).generation.params.sampling.top_logprobs == 5
+    assert chat(logprobs=False).generation.params.sampling.top_logprobs is None
+    grpc = generate_pb2.GenerateRequest(prompt_token_ids=[1, 2], logprobs=4)
+    request = to_generation_request(grpc, make_limits(make_tokenizer()), lambda t, c: [1])
+    assert request.params.sampling.top_logprobs == 4

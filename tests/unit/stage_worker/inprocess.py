@@ -25,6 +25,7 @@ from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import build_stage
 from stage_worker.runner import StageRunner
+from stage_worker.sampler import TokenLogprobs
 
 
 def make_runners(
@@ -63,6 +64,8 @@ class Outcome:
     """seq_id -> generated token ids."""
     last_logits: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     """seq_id -> [vocab] logits of each sampled position, in order."""
+    logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)
+    """seq_id -> the last stage's log-probabilities of each sampled token (None: not asked)."""
     num_preemptions: int = 0
     num_batches: int = 0
 
@@ -97,7 +100,11 @@ def generate(
         params = RequestParams(max_tokens=max_tokens)
         if sampling is not None:  # each request its own seed: the base seed plus its index
             seeded = SamplingParams(
-                sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed + seq_id
+                sampling.temperature,
+                sampling.top_p,
+                sampling.top_k,
+                sampling.seed + seq_id,
+                sampling.top_logprobs,
             )
             params = RequestParams(max_tokens=max_tokens, sampling=seeded)
         scheduler.add_request(seq_id, prompt, params, now=0.0)
@@ -115,9 +122,12 @@ def generate(
                 hidden = runner.forward(step, hidden)
             assert hidden is not None
             logits = runners[-1].logits(step, hidden)
-            sampled = dict(runners[-1].sample(step, logits))
-            for seq_id, row in zip(step.sample_seq_ids, logits, strict=True):
+            pairs = runners[-1].sample(step, logits)
+            sampled = dict(pairs)
+            logprobs = runners[-1].logprobs(step, logits, [token for _, token in pairs])
+            for seq_id, row, lp in zip(step.sample_seq_ids, logits, logprobs, strict=True):
                 out.last_logits.setdefault(seq_id, []).append(row)
+                out.logprobs.setdefault(seq_id, []).append(lp)
             now += 1.0
             for seq in scheduler.on_result(batch.batch_id, sampled, now):
                 out.tokens[seq.seq_id] = list(seq.output_token_ids)

@@ -122,3 +122,35 @@ def test_the_same_seed_gives_the_same_stream_at_any_pipeline_depth(
         for pp in (1, 2)
     ]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_logprobs_are_transformers_log_softmax(
+    pp: int, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    """Each token's log-probability and its top alternatives equal transformers' log_softmax at
+    that position (float32, 1e-4), for a greedy and a sampled request (the model's own
+    distribution: temperature and top-p do not change them)."""
+    model_dir = tiny_checkpoint("llama")
+    oracle = load_oracle(model_dir)
+    prompts = make_prompts((37, 5))
+    for sampling in (
+        SamplingParams(top_logprobs=5),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=3, top_logprobs=3),
+    ):
+        out = generate(make_runners(model_dir, pp, num_blocks=64), prompts, 4, sampling=sampling)
+        for seq_id, prompt in enumerate(prompts):
+            tokens = out.tokens[seq_id]
+            for i, entry in enumerate(out.logprobs[seq_id]):
+                assert entry is not None
+                expected = torch.log_softmax(oracle_last_logits(oracle, prompt + tokens[:i]), -1)
+                assert entry.logprob == pytest.approx(float(expected[tokens[i]]), abs=1e-4)
+                top = torch.topk(expected, sampling.top_logprobs or 0)
+                assert entry.top_token_ids == top.indices.tolist()
+                assert entry.top_logprobs == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_no_logprobs_unless_asked(tiny_checkpoint: Callable[[str], Path]) -> None:
+    model_dir = tiny_checkpoint("llama")
+    out = generate(make_runners(model_dir, 1, num_blocks=64), make_prompts((5,)), 3)
+    assert out.logprobs[0] == [None, None, None]

@@ -1,0 +1,62 @@
+"""OpenAI's `logprobs` objects from the engine's per-token log-probabilities.
+
+Completions use the legacy columns (`tokens`, `token_logprobs`, `top_logprobs` as
+{token: logprob} maps, `text_offset`); chat uses `content`, one entry per token with its
+`bytes` and `top_logprobs` list. A token's text is its id decoded alone (special tokens kept), as
+vLLM shows it; a token holding part of a multi-byte character shows U+FFFD there, and its bytes
+are those of that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.logprobs import TokenLogprobs
+from controller.openai_api.responses import Kind
+from controller.tokenizer import Tokenizer
+
+
+class LogprobsFormatter:
+    """One response's logprobs; completions' text offsets run on across chunks."""
+
+    def __init__(self, tokenizer: Tokenizer, kind: Kind) -> None:
+        self.tokenizer = tokenizer
+        self.kind = kind
+        self.text_offset = 0
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def format(
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+    ) -> dict[str, object]:
+        """The logprobs object of these tokens (one entry each, in order)."""
+        if self.kind == "chat":
+            pairs = zip(token_ids, entries, strict=True)
+            return {"content": [self._chat_entry(t, e) for t, e in pairs]}
+        texts = [self._text(t) for t in token_ids]
+        offsets = []
+        for text in texts:
+            offsets.append(self.text_offset)
+            self.text_offset += len(text)
+        return {
+            "tokens": texts,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [
+                {self._text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs, strict=True)}
+                for e in entries
+            ],
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, token_id: int, entry: TokenLogprobs) -> dict[str, object]:
+        text = self._text(token_id)
+        return {
+            "token": text,
+            "logprob": entry.logprob,
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": (alt := self._text(t)), "logprob": lp, "bytes": list(alt.encode())}
+                for t, lp in zip(entry.top_token_ids, entry.top_logprobs, strict=True)
+            ],
+        }
