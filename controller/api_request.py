@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from sarathi_proto import generate_pb2
 
 from controller.engine import GenerationRequest
 from controller.scheduler import InvalidRequestError, RequestParams, SamplingParams
+
+MAX_LOGIT_BIAS = 300
+"""Most tokens one request may bias (OpenAI's limit)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,17 @@ def check_prompt_token_ids(
         )
 
 
+@dataclass(frozen=True)
+class Penalties:
+    """The logit adjustments a request asks for (SamplingParams checks their ranges)."""
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    repetition: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+
+
 def build_generation_request(
     prompt_ids: list[int],
     limits: RequestLimits,
@@ -54,11 +68,18 @@ def build_generation_request(
     request_id: str = "",
     resume_token_ids: Sequence[int] = (),
     logprobs: int | None = None,
+    penalties: Penalties | None = None,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
     client already received, to go on from (the engine and scheduler check that it had not
     ended). logprobs: None, or how many alternatives each token's log-probability comes with."""
+    penalties = penalties or Penalties()
+    if len(penalties.logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequestError(
+            "logit_bias", f"{len(penalties.logit_bias)} tokens; at most {MAX_LOGIT_BIAS} allowed"
+        )
+    check_prompt_token_ids(list(penalties.logit_bias), limits, field="logit_bias")
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
     check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
@@ -81,12 +102,22 @@ def build_generation_request(
         top_k=top_k,
         seed=secrets.randbits(63) if seed is None else seed,
         top_logprobs=logprobs,
+        presence_penalty=penalties.presence,
+        frequency_penalty=penalties.frequency,
+        repetition_penalty=penalties.repetition,
+        logit_bias=tuple(sorted(penalties.logit_bias.items())),
+        min_tokens=penalties.min_tokens,
     )
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
         stop_ids |= limits.eos_token_ids
+    max_tokens = limits.default_max_tokens if max_tokens is None else max_tokens
+    if penalties.min_tokens > max_tokens:
+        raise InvalidRequestError(
+            "min_tokens", f"{penalties.min_tokens} is above max_tokens ({max_tokens})"
+        )
     params = RequestParams(
-        max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,
         stop_token_ids=stop_ids,
         sampling=sampling,
     )
@@ -126,4 +157,11 @@ def to_generation_request(
         request_id=req.request_id,
         resume_token_ids=req.resume_token_ids,
         logprobs=req.logprobs if req.HasField("logprobs") else None,
+        penalties=Penalties(
+            s.presence_penalty,
+            s.frequency_penalty,
+            s.repetition_penalty or 1.0,  # proto3: 0 means unset
+            dict(s.logit_bias),
+            s.min_tokens,
+        ),
     )

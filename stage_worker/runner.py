@@ -18,6 +18,7 @@ from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import StageModel
+from stage_worker.penalties import PenaltySpec, PenaltyState, adjusted
 from stage_worker.sampler import SamplingSpec, TokenLogprobs, sample, token_logprobs
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class SeqState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling: SamplingSpec
+    penalties: PenaltyState | None = None
+    """Last stage, for a request with penalties, logit bias or min_tokens."""
 
 
 @dataclass
@@ -72,7 +75,7 @@ class StageRunner:
                 sp = s.sampling
                 top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
                 spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
-                self.seqs[s.seq_id] = SeqState([], 0, spec)
+                self.seqs[s.seq_id] = SeqState([], 0, spec, self._penalties(sp))
         step = _StepBuilder(self.seqs, self.model.shard.is_first)
         at = plan.decodes_at
         step.add_seqs(plan.seqs[:at])
@@ -83,6 +86,18 @@ class StageRunner:
             token_ids = torch.tensor(step.token_ids, dtype=torch.int64, device=device)
         meta = build_metadata(step.slices, self.kv_cache.block_size, device)
         return PreparedStep(plan.batch_id, meta, token_ids, step.sample_rows, step.sample_seq_ids)
+
+    def _penalties(self, params: stage_pb2.SamplingParams) -> PenaltyState | None:
+        spec = PenaltySpec.from_proto(params)
+        if not (spec.active and self.model.shard.is_last):
+            return None
+        return PenaltyState(
+            spec,
+            self.model.spec.vocab_size,
+            self.model.device,
+            list(params.prompt_token_ids),
+            list(params.output_token_ids),
+        )
 
     def _validate(self, plan: stage_pb2.StepPlan) -> None:
         seen: set[int] = set()
@@ -175,7 +190,11 @@ class StageRunner:
         states = [self.seqs[i] for i in step.sample_seq_ids]
         # The sampled token's position: right after the tokens this step computed.
         positions = [s.num_computed_tokens for s in states]
-        tokens = sample(logits, [s.sampling for s in states], positions)
+        penalties = [s.penalties for s in states]
+        tokens = sample(adjusted(logits, penalties), [s.sampling for s in states], positions)
+        for state, token in zip(penalties, tokens, strict=True):
+            if state is not None:
+                state.observe(token)
         return list(zip(step.sample_seq_ids, tokens, strict=True))
 
     def logprobs(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sarathi_proto import stage_pb2
 
-from controller.scheduler import MicroBatch
+from controller.scheduler import MicroBatch, SamplingParams
+from controller.scheduler.batch import TokenHistory
 
 
 def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
@@ -24,16 +25,7 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
         if with_token_ids:
             seq.token_ids.extend(chunk.token_ids)
         if chunk.sampling is not None:
-            s = chunk.sampling
-            seq.sampling.CopyFrom(
-                stage_pb2.SamplingParams(
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    top_k=s.top_k,
-                    seed=s.seed,
-                    top_logprobs=s.top_logprobs,
-                )
-            )
+            seq.sampling.CopyFrom(encode_sampling(chunk.sampling, chunk.history))
     block = batch.decodes
     if block is not None:
         plan.decodes_at = batch.decodes_at
@@ -45,6 +37,24 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
         if with_token_ids:
             columns.token_ids.extend(block.tokens)
     return plan
+
+
+def encode_sampling(s: SamplingParams, history: TokenHistory | None) -> stage_pb2.SamplingParams:
+    params = stage_pb2.SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
+        top_logprobs=s.top_logprobs,
+    )  # fmt: skip
+    if history is not None:  # penalties: their settings and the tokens they count from
+        params.presence_penalty = s.presence_penalty
+        params.frequency_penalty = s.frequency_penalty
+        params.repetition_penalty = s.repetition_penalty
+        params.logit_bias_token_ids.extend(t for t, _ in s.logit_bias)
+        params.logit_bias_values.extend(b for _, b in s.logit_bias)
+        params.min_tokens = s.min_tokens
+        params.stop_token_ids.extend(sorted(history.stop_token_ids))
+        params.prompt_token_ids.extend(history.prompt_token_ids)
+        params.output_token_ids.extend(history.output_token_ids)
+    return params
 
 
 def decode_result(result: stage_pb2.StepResult) -> dict[int, int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api_request import (
+    Penalties,
     RequestLimits,
     build_generation_request,
     check_prompt_token_ids,
@@ -42,9 +43,6 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
@@ -55,7 +53,8 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
 _KNOWN_FIELDS = frozenset(
     {
         *_NO_OP_VALUES, "logprobs", "top_logprobs", "model", "prompt", "messages", "max_tokens",
-        "max_completion_tokens",
+        "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
+        "logit_bias", "min_tokens",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
         "parallel_tool_calls", "resume_token_ids", "return_token_ids",
@@ -205,9 +204,35 @@ def _finish(
         request_id=f"{id_prefix}-{uuid.uuid4().hex}",
         resume_token_ids=_token_ids(fields, "resume_token_ids", limits),  # our extension
         logprobs=logprobs,
+        penalties=_penalties(fields),
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
     return ParsedRequest(generation, stream, include_usage, return_token_ids)
+
+
+def _penalties(fields: Mapping[str, Any]) -> Penalties:
+    """OpenAI's presence and frequency penalties and logit_bias ({"token id": bias}), vLLM's
+    repetition_penalty and min_tokens."""
+    bias = fields.get("logit_bias")
+    if bias is None:
+        bias = {}
+    if not isinstance(bias, dict):
+        raise bad_field("logit_bias", "must be an object of token id -> bias")
+    logit_bias = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 12):
+            raise bad_field("logit_bias", f"{key!r} is not a token id")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise bad_field("logit_bias", f"the bias of {key} must be a number, got {value!r}")
+        logit_bias[int(key)] = float(value)
+    repetition = _optional_float(fields, "repetition_penalty")
+    return Penalties(
+        presence=_optional_float(fields, "presence_penalty") or 0.0,
+        frequency=_optional_float(fields, "frequency_penalty") or 0.0,
+        repetition=1.0 if repetition is None else repetition,
+        logit_bias=logit_bias,
+        min_tokens=_optional_int(fields, "min_tokens") or 0,
+    )
 
 
 def _completion_prompt_ids(

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 
+class TokenHistory(NamedTuple):
+    """A sequence's tokens so far and its stop tokens, for the last stage's penalties and
+    min_tokens (sent once, with the sequence's first chunk, only for requests that use them)."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    stop_token_ids: frozenset[int]
+
+
 class ScheduledChunk(NamedTuple):
     """One sequence's share of a micro-batch: a prefill chunk, or one decode token."""
 
@@ -28,6 +37,8 @@ class ScheduledChunk(NamedTuple):
     """The chunk's token ids (stage 0 embeds them)."""
     sampling: SamplingParams | None
     """Set on the first chunk the workers see of this sequence (also after a preemption)."""
+    history: TokenHistory | None = None
+    """With `sampling`, for a request with penalties: what the last stage counts them from."""
 
     @property
     def context_len(self) -> int:
@@ -118,7 +129,8 @@ class MicroBatch:
             repeat(True),
             new_block_ids,
             map(list, zip(tokens)),  # [token]
-            repeat(None),
+            repeat(None),  # sampling
+            repeat(None),  # history
         )
         decodes = list(map(tuple.__new__, repeat(ScheduledChunk), fields))
         at = self.decodes_at

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from controller.scheduler.batch import DecodeBlock, ScheduledChunk
+from controller.scheduler.batch import DecodeBlock, ScheduledChunk, TokenHistory
 from controller.scheduler.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -333,7 +333,8 @@ class BatchBuilder:
                         True,
                         new_block_ids,
                         [seq.output_token_ids[-1]],
-                        None,
+                        None,  # sampling
+                        None,  # history
                     ),
                 )
             )
@@ -404,9 +405,14 @@ class BatchBuilder:
         start = seq.num_computed_tokens
         end = start + num_tokens
         sampling = None
+        history = None
         if seq.needs_worker_state:
             sampling = seq.params.sampling
             seq.needs_worker_state = False
+            if sampling.has_penalties:
+                history = TokenHistory(
+                    seq.prompt_token_ids, list(seq.output_token_ids), seq.stop_token_ids
+                )
         self.chunks.append(
             ScheduledChunk(
                 seq.seq_id,
@@ -416,6 +422,7 @@ class BatchBuilder:
                 new_block_ids,
                 seq.token_slice(start, end),
                 sampling,
+                history,
             )
         )
         if self.step_cost is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,28 @@ class SamplingParams:
     """Per-request generator seed."""
     top_logprobs: int | None = None
     """None: no log-probabilities; k: each token's and its k most likely alternatives."""
+    presence_penalty: float = 0.0
+    """OpenAI's, in [-2, 2]: subtracted from the logit of every token already in the output."""
+    frequency_penalty: float = 0.0
+    """OpenAI's, in [-2, 2]: subtracted once per time a token is already in the output."""
+    repetition_penalty: float = 1.0
+    """vLLM's (CTRL's), > 0: the logits of tokens in the prompt or output are divided by it
+    (multiplied where negative); 1 is off."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias in [-100, 100]) added to that token's logit."""
+    min_tokens: int = 0
+    """The stop tokens cannot be sampled before this many output tokens."""
+
+    @property
+    def has_penalties(self) -> bool:
+        """The last stage adjusts this request's logits before sampling (and needs its history)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:  # also refuses NaN
@@ -51,6 +74,21 @@ class SamplingParams:
             raise InvalidRequestError("top_k", f"must be >= 0, got {self.top_k}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequestError("seed", f"must be in [0, 2**64), got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:  # also refuses NaN
+                raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise InvalidRequestError(
+                "repetition_penalty", f"must be above 0, got {self.repetition_penalty}"
+            )
+        for token_id, bias in self.logit_bias:
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(
+                    "logit_bias", f"bias {bias} for token {token_id} is outside [-100, 100]"
+                )
+        if self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 "logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"

@@ -368,3 +368,46 @@ def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softma
     assert content is not None and content.content is not None and len(content.content) == 4
     assert all(len(entry.top_logprobs) == 2 for entry in content.content)
     assert all(entry.logprob <= 0.0 for entry in content.content)
+
+
+def test_penalties_bias_and_min_tokens_through_grpc_and_the_openai_client(served: Served) -> None:
+    """PP=2: a +100 bias makes its token every token, on both APIs; min_tokens holds the
+    end-of-sequence token back; frequency and presence penalties change a greedy stream."""
+    prompt = served.tokenizer.encode("The pipeline")
+    token = 42
+    completion = served.client.completions.create(
+        model=served.model, prompt=prompt, max_tokens=5, temperature=0,
+        logit_bias={str(token): 100}, extra_body={"ignore_eos": True, "return_token_ids": True},
+    )  # fmt: skip
+    assert completion.choices[0].model_extra is not None
+    assert completion.choices[0].model_extra["token_ids"] == [token] * 5
+    sampling = generate_pb2.SamplingParams(logit_bias={token: 100.0})
+    responses = list(
+        served.grpc_stub.Generate(
+            generate_pb2.GenerateRequest(prompt_token_ids=prompt, max_tokens=5, sampling=sampling),
+            timeout=120,
+        )
+    )
+    assert [t for r in responses for t in r.token_ids] == [token] * 5
+    # The end-of-sequence token pushed to the top, held back for 3 tokens, then it ends the stream.
+    eos = min(served.tokenizer.eos_token_ids)
+    sampling = generate_pb2.SamplingParams(logit_bias={eos: 100.0}, min_tokens=3)
+    responses = list(
+        served.grpc_stub.Generate(
+            generate_pb2.GenerateRequest(prompt_token_ids=prompt, max_tokens=10, sampling=sampling),
+            timeout=120,
+        )
+    )
+    tokens = [t for r in responses for t in r.token_ids]
+    assert len(tokens) == 4 and eos not in tokens[:3] and tokens[3] == eos
+    assert responses[-1].finish_reason == generate_pb2.FINISH_REASON_STOP
+
+    def greedy(**penalties: float) -> str:
+        answer = served.client.completions.create(
+            model=served.model, prompt=prompt, max_tokens=24, temperature=0,
+            extra_body={"ignore_eos": True}, **penalties,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return answer.choices[0].text
+
+    assert greedy(frequency_penalty=2.0) != greedy()
+    assert greedy(presence_penalty=2.0) != greedy()

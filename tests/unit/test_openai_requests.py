@@ -160,6 +160,15 @@ def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"best_of": 2}, "best_of"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": "x"}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"99999": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"logit_bias": [1]}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"stop_token_ids": [99999]}, "stop_token_ids"),
     ],
 )
@@ -255,3 +264,21 @@ def test_logprobs_ask_for_the_tokens_own_and_that_many_alternatives() -> None:
     grpc = generate_pb2.GenerateRequest(prompt_token_ids=[1, 2], logprobs=4)
     request = to_generation_request(grpc, make_limits(make_tokenizer()), lambda t, c: [1])
     assert request.params.sampling.top_logprobs == 4
+
+
+def test_penalties_reach_the_sampling_params_on_both_apis() -> None:
+    sampling = completion(
+        presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.1,
+        logit_bias={"7": -100, "3": 2.5}, min_tokens=2,
+    ).generation.params.sampling  # fmt: skip
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert sampling.repetition_penalty == 1.1 and sampling.min_tokens == 2
+    assert sampling.logit_bias == ((3, 2.5), (7, -100.0))
+    grpc = generate_pb2.GenerateRequest(
+        prompt_token_ids=[1, 2],
+        sampling=generate_pb2.SamplingParams(presence_penalty=0.5, logit_bias={3: 2.5}),
+    )
+    via_grpc = to_generation_request(grpc, make_limits(make_tokenizer()), lambda t, c: [1])
+    assert via_grpc.params.sampling.presence_penalty == 0.5
+    assert via_grpc.params.sampling.logit_bias == ((3, 2.5),)
+    assert via_grpc.params.sampling.repetition_penalty == 1.0  # proto3's 0: unset

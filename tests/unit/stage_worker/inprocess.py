@@ -3,6 +3,7 @@ math of the stage workers without sockets or torch.distributed."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def generate(
     tile_tokens: int = 8,
     vector_decodes_from: int | None = None,
     sampling: SamplingParams | None = None,
+    stop_token_ids: frozenset[int] = frozenset(),
 ) -> Outcome:
     """Runs the prompts to max_tokens tokens each. Up to pp micro-batches are scheduled before any
     result returns, as in a real pipeline, then each passes through every stage in order; logits
@@ -97,16 +99,10 @@ def generate(
         VECTOR_DECODES_FROM if vector_decodes_from is None else vector_decodes_from,
     )
     for seq_id, prompt in enumerate(prompts):
-        params = RequestParams(max_tokens=max_tokens)
+        params = RequestParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids)
         if sampling is not None:  # each request its own seed: the base seed plus its index
-            seeded = SamplingParams(
-                sampling.temperature,
-                sampling.top_p,
-                sampling.top_k,
-                sampling.seed + seq_id,
-                sampling.top_logprobs,
-            )
-            params = RequestParams(max_tokens=max_tokens, sampling=seeded)
+            seeded = dataclasses.replace(sampling, seed=sampling.seed + seq_id)
+            params = dataclasses.replace(params, sampling=seeded)
         scheduler.add_request(seq_id, prompt, params, now=0.0)
     out = Outcome({i: [] for i in range(len(prompts))})
     now = 0.0
