@@ -7,6 +7,7 @@ named, whichever door it came through.
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from sarathi_proto import generate_pb2
 
 from controller.engine import GenerationRequest
+from controller.grammar import compile_grammar
 from controller.scheduler import InvalidRequestError, RequestParams, SamplingParams
 
 MAX_LOGIT_BIAS = 300
@@ -69,11 +71,13 @@ def build_generation_request(
     resume_token_ids: Sequence[int] = (),
     logprobs: int | None = None,
     penalties: Penalties | None = None,
+    grammar: str | None = None,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
     client already received, to go on from (the engine and scheduler check that it had not
-    ended). logprobs: None, or how many alternatives each token's log-probability comes with."""
+    ended). logprobs: None, or how many alternatives each token's log-probability comes with.
+    grammar: structured output, compiled by controller/grammar.py."""
     penalties = penalties or Penalties()
     if len(penalties.logit_bias) > MAX_LOGIT_BIAS:
         raise InvalidRequestError(
@@ -107,6 +111,7 @@ def build_generation_request(
         repetition_penalty=penalties.repetition,
         logit_bias=tuple(sorted(penalties.logit_bias.items())),
         min_tokens=penalties.min_tokens,
+        grammar=grammar,
     )
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
@@ -164,4 +169,25 @@ def to_generation_request(
             dict(s.logit_bias),
             s.min_tokens,
         ),
+        grammar=grpc_grammar(req) if req.HasField("structured_output") else None,
     )
+
+
+def grpc_grammar(req: generate_pb2.GenerateRequest) -> str:
+    """GenerateRequest.structured_output as an llguidance grammar; refuses a bad one naming
+    the field."""
+    out, field = req.structured_output, "structured_output"
+    kind = out.WhichOneof("kind")
+    if kind == "json_schema":
+        try:
+            schema = json.loads(out.json_schema)
+        except json.JSONDecodeError as err:
+            raise InvalidRequestError(field, f"json_schema is not JSON: {err}") from err
+        return compile_grammar("json_schema", schema, field)
+    if kind == "json_object":
+        return compile_grammar("json_object", None, field)
+    if kind == "regex":
+        return compile_grammar("regex", out.regex, field)
+    if kind == "choice":
+        return compile_grammar("choice", list(out.choice.choices), field)
+    raise InvalidRequestError(field, "set one of json_schema, json_object, regex, choice")

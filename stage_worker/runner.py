@@ -16,6 +16,7 @@ from stage_worker.attention import AttentionBackend, AttentionMetadata, SeqSlice
 from stage_worker.attention.base import build_metadata
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
+from stage_worker.grammar import GrammarState, load_tokenizer, masked
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import StageModel
 from stage_worker.penalties import PenaltySpec, PenaltyState, adjusted
@@ -33,6 +34,8 @@ class SeqState:
     sampling: SamplingSpec
     penalties: PenaltyState | None = None
     """Last stage, for a request with penalties, logit bias or min_tokens."""
+    grammar: GrammarState | None = None
+    """Last stage, for a request with structured output."""
 
 
 @dataclass
@@ -53,13 +56,16 @@ class StageRunner:
         kv_cache: KVCache,
         attention: AttentionBackend,
         graphs: DecodeGraphs | None = None,
+        model_dir: str = "",
     ) -> None:
+        """model_dir: where the last stage finds tokenizer.json for structured output."""
         self.model = model
         self.kv_cache = kv_cache
         self.attention = attention
         self.graphs = graphs
         """Decode steps replayed from CUDA graphs (None: every step runs eagerly)."""
         self.seqs: dict[int, SeqState] = {}
+        self.model_dir = model_dir
 
     def prepare(self, plan: stage_pb2.StepPlan) -> PreparedStep:
         """Applies the plan's bookkeeping and builds the step's metadata. Raises PlanError,
@@ -75,7 +81,7 @@ class StageRunner:
                 sp = s.sampling
                 top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
                 spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
-                self.seqs[s.seq_id] = SeqState([], 0, spec, self._penalties(sp))
+                self.seqs[s.seq_id] = SeqState([], 0, spec, self._penalties(sp), self._grammar(sp))
         step = _StepBuilder(self.seqs, self.model.shard.is_first)
         at = plan.decodes_at
         step.add_seqs(plan.seqs[:at])
@@ -98,6 +104,12 @@ class StageRunner:
             list(params.prompt_token_ids),
             list(params.output_token_ids),
         )
+
+    def _grammar(self, params: stage_pb2.SamplingParams) -> GrammarState | None:
+        if not (params.grammar and self.model.shard.is_last):
+            return None
+        tokenizer = load_tokenizer(self.model_dir)
+        return GrammarState(tokenizer, params.grammar, list(params.output_token_ids))
 
     def _validate(self, plan: stage_pb2.StepPlan) -> None:
         seen: set[int] = set()
@@ -190,11 +202,15 @@ class StageRunner:
         states = [self.seqs[i] for i in step.sample_seq_ids]
         # The sampled token's position: right after the tokens this step computed.
         positions = [s.num_computed_tokens for s in states]
-        penalties = [s.penalties for s in states]
-        tokens = sample(adjusted(logits, penalties), [s.sampling for s in states], positions)
-        for state, token in zip(penalties, tokens, strict=True):
-            if state is not None:
-                state.observe(token)
+        processed = masked(
+            adjusted(logits, [s.penalties for s in states]), [s.grammar for s in states]
+        )
+        tokens = sample(processed, [s.sampling for s in states], positions)
+        for state, token in zip(states, tokens, strict=True):
+            if state.penalties is not None:
+                state.penalties.observe(token)
+            if state.grammar is not None:
+                state.grammar.observe(token)
         return list(zip(step.sample_seq_ids, tokens, strict=True))
 
     def logprobs(

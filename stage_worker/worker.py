@@ -311,7 +311,8 @@ class StageWorker:
         # time their launches, so on CUDA the forward pass is reported whole.
         timed = TimedAttention(attention) if cfg.device == "cpu" else None
         self._timer = StepTimer(timed)
-        runner = StageRunner(model, cache, timed or attention, self._graphs(model, cache))
+        graphs = self._graphs(model, cache)
+        runner = StageRunner(model, cache, timed or attention, graphs, cfg.model_dir)
         via_host = backend == "gloo" and cfg.device.startswith("cuda")
         links = PipelineLinks(shard, tp_group, cfg.send_slices, via_host)
         try:

@@ -54,6 +54,7 @@ def encode_sampling(s: SamplingParams, history: TokenHistory | None) -> stage_pb
         params.stop_token_ids.extend(sorted(history.stop_token_ids))
         params.prompt_token_ids.extend(history.prompt_token_ids)
         params.output_token_ids.extend(history.output_token_ids)
+        params.grammar = s.grammar or ""
     return params
 
 

@@ -22,6 +22,7 @@ from controller.api_request import (
     check_prompt_token_ids,
 )
 from controller.engine import GenerationRequest
+from controller.grammar import compile_grammar
 from controller.openai_api.errors import ApiError, bad_field, invalid_request
 from controller.scheduler import InvalidRequestError
 from controller.scheduler.sequence import MAX_TOP_LOGPROBS
@@ -45,7 +46,6 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -54,7 +54,7 @@ _KNOWN_FIELDS = frozenset(
     {
         *_NO_OP_VALUES, "logprobs", "top_logprobs", "model", "prompt", "messages", "max_tokens",
         "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
-        "logit_bias", "min_tokens",
+        "logit_bias", "min_tokens", "response_format", "guided_regex", "guided_choice",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
         "parallel_tool_calls", "resume_token_ids", "return_token_ids",
@@ -205,9 +205,40 @@ def _finish(
         resume_token_ids=_token_ids(fields, "resume_token_ids", limits),  # our extension
         logprobs=logprobs,
         penalties=_penalties(fields),
+        grammar=_grammar(fields),
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
     return ParsedRequest(generation, stream, include_usage, return_token_ids)
+
+
+def _grammar(fields: Mapping[str, Any]) -> str | None:
+    """response_format (json_object, json_schema), or vLLM's guided_regex / guided_choice."""
+    given = [name for name in ("guided_regex", "guided_choice") if fields.get(name) is not None]
+    response_format = fields.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise bad_field("response_format", "must be an object with a type")
+        kind = response_format.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise bad_field("response_format", "type must be text, json_object or json_schema")
+        if kind != "text":
+            given.append("response_format")
+    if len(given) > 1:
+        raise bad_field(given[1], f"only one of {', '.join(given)} may be set")
+    if not given:
+        return None
+    name = given[0]
+    if name == "guided_regex":
+        return compile_grammar("regex", fields["guided_regex"], name)
+    if name == "guided_choice":
+        return compile_grammar("choice", fields["guided_choice"], name)
+    assert isinstance(response_format, dict)
+    if response_format["type"] == "json_object":
+        return compile_grammar("json_object", None, name)
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise bad_field(name, "json_schema must be an object with a schema object")
+    return compile_grammar("json_schema", spec["schema"], name)
 
 
 def _penalties(fields: Mapping[str, Any]) -> Penalties:

@@ -38,7 +38,8 @@ class ScheduledChunk(NamedTuple):
     sampling: SamplingParams | None
     """Set on the first chunk the workers see of this sequence (also after a preemption)."""
     history: TokenHistory | None = None
-    """With `sampling`, for a request with penalties: what the last stage counts them from."""
+    """With `sampling`, for a request whose logits the last stage adjusts (penalties, a grammar):
+    the tokens it counts from."""
 
     @property
     def context_len(self) -> int:

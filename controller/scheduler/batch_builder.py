@@ -409,7 +409,7 @@ class BatchBuilder:
         if seq.needs_worker_state:
             sampling = seq.params.sampling
             seq.needs_worker_state = False
-            if sampling.has_penalties:
+            if sampling.needs_history:
                 history = TokenHistory(
                     seq.prompt_token_ids, list(seq.output_token_ids), seq.stop_token_ids
                 )

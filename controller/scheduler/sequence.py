@@ -53,16 +53,20 @@ class SamplingParams:
     """(token id, bias in [-100, 100]) added to that token's logit."""
     min_tokens: int = 0
     """The stop tokens cannot be sampled before this many output tokens."""
+    grammar: str | None = None
+    """Structured output: an llguidance grammar (controller/grammar.py) the output must match."""
 
     @property
-    def has_penalties(self) -> bool:
-        """The last stage adjusts this request's logits before sampling (and needs its history)."""
+    def needs_history(self) -> bool:
+        """The last stage adjusts this request's logits before sampling (penalties, bias,
+        min_tokens, a grammar), counting from its tokens so far."""
         return bool(
             self.presence_penalty
             or self.frequency_penalty
             or self.repetition_penalty != 1.0
             or self.logit_bias
             or self.min_tokens
+            or self.grammar is not None
         )
 
     def __post_init__(self) -> None:

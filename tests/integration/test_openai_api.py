@@ -8,6 +8,7 @@ One cluster for the module (start-up costs seconds on a 2-core machine).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ import grpc
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.metrics_core import Metric
@@ -411,3 +414,78 @@ def test_penalties_bias_and_min_tokens_through_grpc_and_the_openai_client(served
 
     assert greedy(frequency_penalty=2.0) != greedy()
     assert greedy(presence_penalty=2.0) != greedy()
+
+
+leaf_schemas = st.one_of(
+    st.just({"type": "boolean"}),
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-50, 50), st.integers(0, 100)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 6)),
+    st.lists(st.text("abcxyz", min_size=1, max_size=5), min_size=1, max_size=4, unique=True).map(
+        lambda words: {"enum": words}
+    ),
+)  # fmt: skip
+schemas = st.recursive(
+    leaf_schemas,
+    lambda inner: st.one_of(
+        st.dictionaries(
+            st.text("abcdef", min_size=1, max_size=4), inner, min_size=1, max_size=3
+        ).map(
+            lambda props: {
+                "type": "object",
+                "properties": props,
+                "required": sorted(props),
+                "additionalProperties": False,
+            }
+        ),
+        inner.map(lambda item: {"type": "array", "items": item, "maxItems": 3}),
+    ),
+    max_leaves=5,
+)
+
+
+def test_structured_output_always_parses_under_its_schema(served: Served) -> None:
+    """Hypothesis over JSON schemas (objects, arrays, bounded integers and strings, enums),
+    through the official client's response_format at PP=2: every output is JSON valid under its
+    schema, though the model (random weights) would rarely write JSON by itself."""
+    import jsonschema
+
+    @settings(max_examples=int(os.environ.get("SARATHI_SCHEMA_CASES", "12")), deadline=None,
+              suppress_health_check=list(HealthCheck), database=None)  # fmt: skip
+    @given(schema=schemas)
+    def one(schema: dict[str, Any]) -> None:
+        answer = served.client.chat.completions.create(
+            model=served.model, messages=QUESTION, max_tokens=300, temperature=0.8, seed=1,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        )  # fmt: skip
+        text = answer.choices[0].message.content or ""
+        assert answer.choices[0].finish_reason == "stop", (schema, text)
+        jsonschema.validate(json.loads(text), schema)
+
+    one()
+
+
+def test_regex_choice_and_json_object_through_grpc_and_the_openai_client(served: Served) -> None:
+    def grpc_text(structured: generate_pb2.StructuredOutput) -> str:
+        text, last = served.grpc_text(
+            prompt="Say something", max_tokens=64, structured_output=structured,
+            sampling=generate_pb2.SamplingParams(temperature=0.8, seed=3),
+        )  # fmt: skip
+        assert last.finish_reason == generate_pb2.FINISH_REASON_STOP, text
+        return text
+
+    pattern = r"[a-c]{2,5}-\d\d"
+    assert re.fullmatch(pattern, grpc_text(generate_pb2.StructuredOutput(regex=pattern)))
+    choices = ["red", 'green "quoted"', "naïve"]
+    picked = grpc_text(generate_pb2.StructuredOutput(choice=generate_pb2.Choices(choices=choices)))
+    assert picked in choices
+    assert isinstance(json.loads(grpc_text(generate_pb2.StructuredOutput(json_object=True))), dict)
+    via_openai = served.client.completions.create(
+        model=served.model, prompt="Pick", max_tokens=32, extra_body={"guided_choice": choices},
+    )  # fmt: skip
+    assert via_openai.choices[0].text in choices
+    with pytest.raises(openai.BadRequestError) as err:
+        served.client.completions.create(
+            model=served.model, prompt="x", extra_body={"guided_regex": "[a-"}
+        )
+    assert err.value.body["param"] == "guided_regex"  # type: ignore[index]

@@ -282,3 +282,33 @@ def test_penalties_reach_the_sampling_params_on_both_apis() -> None:
     assert via_grpc.params.sampling.presence_penalty == 0.5
     assert via_grpc.params.sampling.logit_bias == ((3, 2.5),)
     assert via_grpc.params.sampling.repetition_penalty == 1.0  # proto3's 0: unset
+
+
+def test_structured_output_fields_compile_to_a_grammar_or_a_400_naming_them() -> None:
+    assert completion().generation.params.sampling.grammar is None
+    assert completion(response_format={"type": "text"}).generation.params.sampling.grammar is None
+    for fields in (
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}},
+        {"guided_regex": "[a-z]+"},
+        {"guided_choice": ["yes", "no"]},
+    ):
+        assert completion(**fields).generation.params.sampling.grammar, fields
+    for fields, name in (
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+         "response_format"),
+        ({"guided_regex": "[a-"}, "guided_regex"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ):  # fmt: skip
+        with pytest.raises(ApiError) as err:
+            completion(**fields)
+        assert err.value.param == name, fields
+    grpc = generate_pb2.GenerateRequest(
+        prompt_token_ids=[1], structured_output=generate_pb2.StructuredOutput(json_schema="{")
+    )
+    with pytest.raises(InvalidRequestError) as bad:
+        to_generation_request(grpc, make_limits(make_tokenizer()), lambda t, c: [1])
+    assert bad.value.field == "structured_output"

@@ -54,7 +54,8 @@ def make_runners(
             dtype,
         )
         graphs = DecodeGraphs(model, cache) if cuda_graphs else None
-        runners.append(StageRunner(model, cache, make_backend("torch", device), graphs))
+        attention = make_backend("torch", device)
+        runners.append(StageRunner(model, cache, attention, graphs, str(model_dir)))
     reader.close()
     return runners
 
