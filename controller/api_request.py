@@ -72,6 +72,7 @@ def build_generation_request(
     logprobs: int | None = None,
     penalties: Penalties | None = None,
     grammar: str | None = None,
+    prompt_logprobs: int | None = None,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
@@ -112,6 +113,7 @@ def build_generation_request(
         logit_bias=tuple(sorted(penalties.logit_bias.items())),
         min_tokens=penalties.min_tokens,
         grammar=grammar,
+        prompt_logprobs=prompt_logprobs,
     )
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
@@ -170,6 +172,7 @@ def to_generation_request(
             s.min_tokens,
         ),
         grammar=grpc_grammar(req) if req.HasField("structured_output") else None,
+        prompt_logprobs=req.prompt_logprobs if req.HasField("prompt_logprobs") else None,
     )
 
 

@@ -76,6 +76,9 @@ class StreamEvent(NamedTuple):
     scheduling_delay_s: float = 0.0
     logprobs: TokenLogprobs | None = None
     """The token's log-probabilities, when the request asked for them."""
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    """First event only, when asked: each prompt token's from the second on (the first has
+    nothing before it)."""
 
 
 @dataclass
@@ -94,6 +97,8 @@ class RequestHandle:
     """Output tokens streamed so far (the engine streams them after applying them)."""
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     """Log-probabilities of output tokens applied but not streamed yet, by output index."""
+    prompt_logprobs: dict[int, TokenLogprobs] | None = None
+    """When asked and until the first event carries them: the prompt's, by position."""
 
 
 class Engine:
@@ -161,6 +166,8 @@ class Engine:
         )
         self._next_seq_id += 1
         handle = RequestHandle(request.request_id, seq_id, now, text, num_streamed=len(resumed))
+        if request.params.sampling.prompt_logprobs is not None:
+            handle.prompt_logprobs = {}
         self._handles[seq_id] = handle
         self._by_request_id[request.request_id] = handle
         self._wake.set()
@@ -196,6 +203,7 @@ class Engine:
         batch_id: int,
         sampled: dict[int, int],
         logprobs: dict[int, TokenLogprobs] | None = None,
+        prompt_logprobs: dict[int, dict[int, TokenLogprobs]] | None = None,
     ) -> None:
         """Applies a micro-batch's sampled tokens to the scheduler. Streaming them (latency
         records, detokenizing, stop strings, events) waits for `stream_pending`, which the loop
@@ -205,6 +213,8 @@ class Engine:
         now = self.clock()
         self.last_progress_time = now
         applying = wall_clock()
+        if prompt_logprobs:
+            self._keep_prompt_logprobs(prompt_logprobs)
         updated = self.scheduler.on_result(batch_id, sampled, now)
         phases = self.phases
         phases.apply_s += wall_clock() - applying
@@ -225,6 +235,12 @@ class Engine:
             handle = self._handles.get(seq.seq_id)
             if entry is not None and handle is not None:
                 handle.logprobs[len(seq.output_token_ids) - 1] = entry
+
+    def _keep_prompt_logprobs(self, chunks: dict[int, dict[int, TokenLogprobs]]) -> None:
+        for seq_id, entries in chunks.items():
+            handle = self._handles.get(seq_id)
+            if handle is not None and handle.prompt_logprobs is not None:
+                handle.prompt_logprobs.update(entries)  # a recompute scores them again: same
 
     def stream_pending(self) -> None:
         """Streams the tokens of every result applied since the last call, in order."""
@@ -255,13 +271,27 @@ class Engine:
                     self.scheduler.abort(seq.seq_id, FinishReason.STOP)
                     self._wake.set()  # its KV blocks are free for others
                 logprobs = handle.logprobs.pop(index, None) if handle.logprobs else None
+                prompt = self._take_prompt_logprobs(handle, len(seq.prompt_token_ids))
                 if hit_stop or last:
-                    self._finish(handle, seq, text, now, token_id, hit_stop, logprobs)
+                    self._finish(handle, seq, text, now, token_id, hit_stop, logprobs, prompt)
                 else:
-                    handle.events.put_nowait(StreamEvent(text, [token_id], logprobs=logprobs))
+                    handle.events.put_nowait(
+                        StreamEvent(text, [token_id], logprobs=logprobs, prompt_logprobs=prompt)
+                    )
         self.phases.detokenize_s += detokenize_s
         self.phases.stream_s += wall_clock() - streaming - detokenize_s
         self.overhead_s += time.thread_time() - start
+
+    @staticmethod
+    def _take_prompt_logprobs(
+        handle: RequestHandle, num_prompt: int
+    ) -> tuple[TokenLogprobs, ...] | None:
+        """The prompt's log-probabilities for the first event, once; None for later ones."""
+        entries = handle.prompt_logprobs
+        if entries is None:
+            return None
+        handle.prompt_logprobs = None
+        return tuple(entries[p] for p in range(1, num_prompt) if p in entries)
 
     def _record_latency(self, handle: RequestHandle, now: float, num_prompt_tokens: int) -> None:
         if handle.first_token_time is None:
@@ -285,6 +315,7 @@ class Engine:
         token_id: int | None = None,
         hit_stop: bool = False,
         logprobs: TokenLogprobs | None = None,
+        prompt_logprobs: tuple[TokenLogprobs, ...] | None = None,
     ) -> None:
         assert seq.finish_reason is not None
         if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
@@ -306,6 +337,7 @@ class Engine:
                 num_output,
                 (seq.first_scheduled_time or now) - seq.arrival_time,
                 logprobs,
+                prompt_logprobs,
             )
         )
         handle.finished = True

@@ -30,3 +30,16 @@ def decode_logprobs(result: stage_pb2.StepResult) -> dict[int, TokenLogprobs]:
         )
         start = end
     return out
+
+
+def decode_prompt_logprobs(result: stage_pb2.StepResult) -> dict[int, dict[int, TokenLogprobs]]:
+    """seq_id -> prompt position -> that prompt token's log-probabilities."""
+    out: dict[int, dict[int, TokenLogprobs]] = {}
+    for chunk in result.prompt_logprobs:
+        k = chunk.top_k
+        entries = out.setdefault(chunk.seq_id, {})
+        for i, logprob in enumerate(chunk.logprobs):
+            ids = tuple(chunk.top_token_ids[i * k : (i + 1) * k])
+            values = tuple(chunk.top_logprobs[i * k : (i + 1) * k])
+            entries[chunk.first_position + i] = TokenLogprobs(logprob, ids, values)
+    return out

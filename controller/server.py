@@ -99,6 +99,13 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
                 )
                 if seed is not None:
                     response.seed, seed = seed, None
+                if event.prompt_logprobs is not None:
+                    for lp in event.prompt_logprobs:
+                        response.prompt_logprobs.add(
+                            logprob=lp.logprob,
+                            top_token_ids=lp.top_token_ids,
+                            top_logprobs=lp.top_logprobs,
+                        )
                 if event.logprobs is not None:
                     lp = event.logprobs
                     response.logprobs.add(

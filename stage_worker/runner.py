@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import torch
@@ -36,6 +36,9 @@ class SeqState:
     """Last stage, for a request with penalties, logit bias or min_tokens."""
     grammar: GrammarState | None = None
     """Last stage, for a request with structured output."""
+    prompt_token_ids: list[int] | None = None
+    """Last stage, for a request that wants its prompt's log-probabilities (echo)."""
+    prompt_top_k: int = 0
 
 
 @dataclass
@@ -47,6 +50,9 @@ class PreparedStep:
     sample_rows: list[int]
     """Rows of the step's tokens whose next token is sampled (chunks with yields_token)."""
     sample_seq_ids: list[int]
+    prompt_chunks: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(seq id, first row, first position, tokens) of the chunks whose prompt log-probabilities
+    are wanted (last stage)."""
 
 
 class StageRunner:
@@ -81,7 +87,11 @@ class StageRunner:
                 sp = s.sampling
                 top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
                 spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
-                self.seqs[s.seq_id] = SeqState([], 0, spec, self._penalties(sp), self._grammar(sp))
+                state = SeqState([], 0, spec, self._penalties(sp), self._grammar(sp))
+                if sp.HasField("prompt_logprobs") and self.model.shard.is_last:
+                    state.prompt_token_ids = list(sp.prompt_token_ids)
+                    state.prompt_top_k = sp.prompt_logprobs
+                self.seqs[s.seq_id] = state
         step = _StepBuilder(self.seqs, self.model.shard.is_first)
         at = plan.decodes_at
         step.add_seqs(plan.seqs[:at])
@@ -91,7 +101,14 @@ class StageRunner:
         if self.model.shard.is_first:
             token_ids = torch.tensor(step.token_ids, dtype=torch.int64, device=device)
         meta = build_metadata(step.slices, self.kv_cache.block_size, device)
-        return PreparedStep(plan.batch_id, meta, token_ids, step.sample_rows, step.sample_seq_ids)
+        return PreparedStep(
+            plan.batch_id,
+            meta,
+            token_ids,
+            step.sample_rows,
+            step.sample_seq_ids,
+            step.prompt_chunks,
+        )
 
     def _penalties(self, params: stage_pb2.SamplingParams) -> PenaltyState | None:
         spec = PenaltySpec.from_proto(params)
@@ -223,6 +240,36 @@ class StageRunner:
         return token_logprobs(logits, tokens, counts)
 
 
+def prompt_logprobs(
+    runner: StageRunner, step: PreparedStep, hidden: torch.Tensor
+) -> list[tuple[int, int, list[TokenLogprobs]]]:
+    """Last stage: (seq id, first position, entries) per chunk that wants them. Row j of a chunk
+    starting at position p predicts the token at p + j + 1; only prompt tokens are scored."""
+    out = []
+    with torch.inference_mode():
+        for chunk in step.prompt_chunks:
+            entry = _chunk_prompt_logprobs(runner, hidden, *chunk)
+            if entry is not None:
+                out.append(entry)
+    return out
+
+
+def _chunk_prompt_logprobs(
+    runner: StageRunner, hidden: torch.Tensor, seq_id: int, first_row: int, first_position: int,
+    num_tokens: int,
+) -> tuple[int, int, list[TokenLogprobs]] | None:  # fmt: skip
+    state = runner.seqs[seq_id]
+    prompt = state.prompt_token_ids
+    assert prompt is not None
+    targets = prompt[first_position + 1 : first_position + num_tokens + 1]
+    if not targets:
+        return None  # the chunk predicts output tokens only (a recompute's tail)
+    rows = hidden[first_row : first_row + len(targets)]  # [len(targets), hidden]
+    logits = runner.model.compute_logits(rows)  # [len(targets), vocab]
+    entries = token_logprobs(logits, targets, [state.prompt_top_k] * len(targets))
+    return seq_id, first_position + 1, [e for e in entries if e is not None]
+
+
 class _StepBuilder:
     """The step's flat token batch, chunk after chunk, applied to the sequences' state."""
 
@@ -232,6 +279,7 @@ class _StepBuilder:
         self.slices: list[SeqSlice] = []
         self.sample_rows: list[int] = []
         self.sample_seq_ids: list[int] = []
+        self.prompt_chunks: list[tuple[int, int, int, int]] = []
         self.token_ids: list[int] = []
         self.num_tokens = 0
 
@@ -244,6 +292,10 @@ class _StepBuilder:
             self.slices.append(
                 SeqSlice(self.num_tokens, s.num_tokens, state.num_computed_tokens, blocks)
             )
+            if state.prompt_token_ids is not None:
+                self.prompt_chunks.append(
+                    (s.seq_id, self.num_tokens, s.first_position, s.num_tokens)
+                )
             self.num_tokens += s.num_tokens
             if s.yields_token:
                 self.sample_rows.append(self.num_tokens - 1)

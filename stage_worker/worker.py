@@ -34,7 +34,7 @@ from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
 from stage_worker.layers import gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
-from stage_worker.runner import PreparedStep, StageRunner
+from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
 from stage_worker.step_timer import StepTimer, TimedAttention, clock
 from stage_worker.watchdog import Watchdog
@@ -435,6 +435,8 @@ class StageWorker:
                 token_ids=[token_id for _, token_id in tokens],
             )
             pack_logprobs(result, logprobs)
+            if step.prompt_chunks:
+                pack_prompt_logprobs(result, prompt_logprobs(runner, step, hidden))
             self._send(stage_pb2.WorkerMessage(result=result))
 
 
@@ -447,3 +449,15 @@ def pack_logprobs(result: stage_pb2.StepResult, logprobs: list[TokenLogprobs | N
             result.top_counts.append(len(entry.top_token_ids))
             result.top_token_ids.extend(entry.top_token_ids)
             result.top_logprobs.extend(entry.top_logprobs)
+
+
+def pack_prompt_logprobs(
+    result: stage_pb2.StepResult, chunks: list[tuple[int, int, list[TokenLogprobs]]]
+) -> None:
+    for seq_id, first_position, entries in chunks:
+        chunk = result.prompt_logprobs.add(seq_id=seq_id, first_position=first_position)
+        chunk.top_k = len(entries[0].top_token_ids) if entries else 0
+        for entry in entries:
+            chunk.logprobs.append(entry.logprob)
+            chunk.top_token_ids.extend(entry.top_token_ids)
+            chunk.top_logprobs.extend(entry.top_logprobs)

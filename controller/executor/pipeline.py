@@ -25,15 +25,18 @@ from controller.config import ParallelConfig
 from controller.executor.control_channel import ControlChannel
 from controller.executor.membership import PipelineSlots, WorkerInfo
 from controller.executor.plan_codec import decode_result, encode_plan_messages
-from controller.logprobs import TokenLogprobs, decode_logprobs
+from controller.logprobs import TokenLogprobs, decode_logprobs, decode_prompt_logprobs
 from controller.scheduler import MicroBatch
 from controller.step_phases import ControllerPhases, clock
 from controller.telemetry import StageTelemetry
 
 log = logging.getLogger(__name__)
 
-# (batch id, seq id -> sampled token, seq id -> its log-probabilities where asked)
-ResultHandler = Callable[[int, dict[int, int], dict[int, TokenLogprobs]], None]
+# (batch id, seq id -> sampled token, seq id -> its log-probabilities where asked, seq id ->
+# prompt position -> log-probabilities where asked)
+ResultHandler = Callable[
+    [int, dict[int, int], dict[int, TokenLogprobs], dict[int, dict[int, TokenLogprobs]]], None
+]
 # How often the watchdog looks at heartbeats and pings the workers.
 _WATCH_PERIOD_S = 0.5
 
@@ -299,9 +302,10 @@ class PipelineExecutor:
         phases.receive_s += decoding - arrived
         sampled = decode_result(result)
         logprobs = decode_logprobs(result) if result.logprob_rows else {}
+        prompt = decode_prompt_logprobs(result) if result.prompt_logprobs else {}
         phases.decode_s += clock() - decoding
         phases.returned(result.batch_id, arrived)
-        on_result(result.batch_id, sampled, logprobs)
+        on_result(result.batch_id, sampled, logprobs, prompt)
 
     def _on_heartbeat(self, hb: stage_pb2.Heartbeat) -> None:
         if hb.tp_rank != 0 or hb.stage >= len(self.stages):

@@ -55,6 +55,8 @@ def encode_sampling(s: SamplingParams, history: TokenHistory | None) -> stage_pb
         params.prompt_token_ids.extend(history.prompt_token_ids)
         params.output_token_ids.extend(history.output_token_ids)
         params.grammar = s.grammar or ""
+        if s.prompt_logprobs is not None:
+            params.prompt_logprobs = s.prompt_logprobs
     return params
 
 

@@ -49,6 +49,27 @@ class LogprobsFormatter:
             "text_offset": offsets,
         }
 
+    def format_prompt(
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+    ) -> dict[str, object]:
+        """Completions' echo: the prompt's columns, its first token without a log-probability
+        (nothing comes before it), as OpenAI and vLLM show it."""
+        if not token_ids:
+            return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        first = self.format(token_ids[:1], [TokenLogprobs(0.0, (), ())])
+        rest = self.format(token_ids[1:], entries)
+        return {
+            "tokens": [*first["tokens"], *rest["tokens"]],  # type: ignore[misc]
+            "token_logprobs": [None, *rest["token_logprobs"]],  # type: ignore[misc]
+            "top_logprobs": [None, *rest["top_logprobs"]],  # type: ignore[misc]
+            "text_offset": [*first["text_offset"], *rest["text_offset"]],  # type: ignore[misc]
+        }
+
+    @staticmethod
+    def join(first: dict[str, object], second: dict[str, object]) -> dict[str, object]:
+        """Two legacy logprobs objects as one (the echoed prompt, then the completion)."""
+        return {key: [*first[key], *second[key]] for key in first}  # type: ignore[misc]
+
     def _chat_entry(self, token_id: int, entry: TokenLogprobs) -> dict[str, object]:
         text = self._text(token_id)
         return {

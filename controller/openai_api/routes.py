@@ -34,7 +34,7 @@ from controller.openai_api.responses import (
     usage,
 )
 from controller.openai_api.state import HttpApiState
-from controller.openai_api.streaming import collect, sse_stream
+from controller.openai_api.streaming import Answer, StreamOptions, collect, sse_stream
 from controller.openai_api.validation import ParsedRequest, parse_chat, parse_completion
 from controller.scheduler import InvalidRequestError
 from controller.tokenizer import Tokenizer
@@ -122,27 +122,42 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     if sampling.top_logprobs is not None:
         formatter = LogprobsFormatter(serving.tokenizer, kind)
     if parsed.stream:
+        options = StreamOptions(
+            parsed.include_usage, parsed.return_token_ids, formatter, parsed.echo
+        )
         return StreamingResponse(
-            sse_stream(
-                ids,
-                handle,
-                serving.engine,
-                request.receive,
-                parsed.include_usage,
-                parsed.return_token_ids,
-                formatter,
-            ),
+            sse_stream(ids, handle, serving.engine, request.receive, options),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     answer = await collect(handle, serving.engine, request.receive)
+    return JSONResponse(whole_answer(ids, parsed, answer, formatter))
+
+
+def whole_answer(
+    ids: ResponseIds, parsed: ParsedRequest, answer: Answer, formatter: LogprobsFormatter | None
+) -> dict[str, object]:
+    """A non-streamed body: with echo, the prompt first (alone, for max_tokens 0)."""
     last = answer.last
     assert last.finish_reason is not None
-    counts = usage(last.num_prompt_tokens, last.num_output_tokens)
-    reason = finish_reason_name(last.finish_reason)
-    shown_ids = answer.token_ids if parsed.return_token_ids else None
-    logprobs = formatter.format(answer.token_ids, answer.logprobs) if formatter else None
-    return JSONResponse(full_response(ids, answer.text, reason, counts, shown_ids, logprobs))
+    echo = parsed.echo
+    text, token_ids, logprobs = answer.text, answer.token_ids, answer.logprobs
+    num_output, reason = last.num_output_tokens, finish_reason_name(last.finish_reason)
+    if echo is not None and echo.prompt_only:
+        text, token_ids, logprobs, num_output, reason = "", [], [], 0, "length"
+    shown_logprobs = None
+    if formatter is not None:  # text offsets run on: the echoed prompt's come first
+        prompt = None
+        if echo is not None:
+            prompt = formatter.format_prompt(echo.prompt_token_ids, answer.prompt_logprobs)
+        shown_logprobs = formatter.format(token_ids, logprobs)
+        if prompt is not None:
+            shown_logprobs = formatter.join(prompt, shown_logprobs)
+    if echo is not None:
+        text = echo.prompt_text + text
+    counts = usage(last.num_prompt_tokens, num_output)
+    shown_ids = token_ids if parsed.return_token_ids else None
+    return full_response(ids, text, reason, counts, shown_ids, shown_logprobs)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -26,6 +26,7 @@ from controller.openai_api.responses import (
     usage_chunk,
 )
 from controller.openai_api.state import EngineLike
+from controller.openai_api.validation import Echo
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Answer:
     token_ids: list[int]
     logprobs: list[TokenLogprobs]
     """One per token, when the request asked for them (else empty)."""
+    prompt_logprobs: tuple[TokenLogprobs, ...]
+    """The prompt's from its second token on, when asked (else empty)."""
     last: StreamEvent
     """The last event: finish reason and counts."""
 
@@ -95,6 +98,7 @@ async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -
     parts = []
     token_ids: list[int] = []
     logprobs: list[TokenLogprobs] = []
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
     try:
         while True:
             event = await handle.events.get()
@@ -102,10 +106,28 @@ async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -
             token_ids += event.token_ids
             if event.logprobs is not None:
                 logprobs.append(event.logprobs)
+            if event.prompt_logprobs is not None:
+                prompt_logprobs = event.prompt_logprobs
             if event.finish_reason is not None:
-                return Answer("".join(parts), token_ids, logprobs, event)
+                return Answer("".join(parts), token_ids, logprobs, prompt_logprobs, event)
     finally:
         watch.close()
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a streamed answer carries beyond text."""
+
+    include_usage: bool = False
+    """A last chunk with `usage` (and `usage: null` on every other one)."""
+    return_token_ids: bool = False
+    """Every token gets a chunk with its id, even one whose text is held back (a client
+    resuming a cut stream needs every id)."""
+    logprobs: LogprobsFormatter | None = None
+    """Every token's chunk carries its log-probabilities."""
+    echo: Echo | None = None
+    """The first chunk is the prompt (with its log-probabilities); with prompt_only, the only
+    one."""
 
 
 async def sse_stream(
@@ -113,42 +135,69 @@ async def sse_stream(
     handle: RequestHandle,
     engine: EngineLike,
     receive: Receive,
-    include_usage: bool,
-    return_token_ids: bool = False,
-    logprobs: LogprobsFormatter | None = None,
+    options: StreamOptions,
 ) -> AsyncIterator[str]:
     """The request's chunks as SSE lines, then `data: [DONE]`. Cancelled (the response task
-    stopped) or closed early, the `finally` aborts the sequence. return_token_ids: every token
-    gets a chunk with its id, even one whose text is held back (a client resuming a cut stream
-    needs every id); with `logprobs`, every token's chunk carries its log-probabilities."""
+    stopped) or closed early, the `finally` aborts the sequence."""
     watch = DisconnectWatch(receive, engine, handle)
+    usage_null = options.include_usage
     try:
         if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
-            yield sse(chunk(ids, text="", role=True, include_usage=include_usage))
+            yield sse(chunk(ids, text="", role=True, include_usage=usage_null))
+        echo = options.echo
         while True:
             event = await handle.events.get()
-            every_token = return_token_ids or logprobs is not None
-            if event.text or (every_token and event.token_ids):
+            if echo is not None:
+                yield sse(_echo_chunk(ids, options, echo, event))
+                if echo.prompt_only:
+                    for line in _end(ids, options, "length", len(echo.prompt_token_ids), 0):
+                        yield line
+                    return
+                echo = None
+            if event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
                 yield sse(
                     chunk(
                         ids,
                         text=event.text,
-                        include_usage=include_usage,
-                        token_ids=event.token_ids if return_token_ids else None,
-                        logprobs=_logprobs_of(event, logprobs),
+                        include_usage=usage_null,
+                        token_ids=event.token_ids if options.return_token_ids else None,
+                        logprobs=_logprobs_of(event, options.logprobs),
                     )
                 )
             if event.finish_reason is None:
                 continue
-            if watch.disconnected:
-                return  # nobody is listening for the end
-            reason = finish_reason_name(event.finish_reason)
-            last_text = "" if ids.kind == "completion" else None
-            yield sse(chunk(ids, text=last_text, finish_reason=reason, include_usage=include_usage))
-            if include_usage:
-                counts = usage(event.num_prompt_tokens, event.num_output_tokens)
-                yield sse(usage_chunk(ids, counts))
-            yield SSE_DONE
+            if not watch.disconnected:  # else nobody is listening for the end
+                reason = finish_reason_name(event.finish_reason)
+                for line in _end(
+                    ids, options, reason, event.num_prompt_tokens, event.num_output_tokens
+                ):
+                    yield line
             return
     finally:
         watch.close()
+
+
+def _echo_chunk(
+    ids: ResponseIds, options: StreamOptions, echo: Echo, event: StreamEvent
+) -> dict[str, object]:
+    prompt_logprobs = None
+    if options.logprobs is not None and event.prompt_logprobs is not None:
+        prompt_logprobs = options.logprobs.format_prompt(
+            echo.prompt_token_ids, event.prompt_logprobs
+        )
+    return chunk(
+        ids, text=echo.prompt_text, include_usage=options.include_usage, logprobs=prompt_logprobs
+    )
+
+
+def _end(
+    ids: ResponseIds, options: StreamOptions, reason: str, num_prompt: int, num_output: int
+) -> list[str]:
+    """The finishing chunk, the usage chunk when asked, and [DONE]."""
+    last_text = "" if ids.kind == "completion" else None
+    lines = [
+        sse(chunk(ids, text=last_text, finish_reason=reason, include_usage=options.include_usage))
+    ]
+    if options.include_usage:
+        lines.append(sse(usage_chunk(ids, usage(num_prompt, num_output))))
+    return [*lines, SSE_DONE]

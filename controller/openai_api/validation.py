@@ -9,6 +9,7 @@ implement are accepted only at their no-op value (`n=1`, `echo=false`, ...): sil
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
@@ -42,7 +43,6 @@ TOP_K_MAX = 2**31 - 1
 _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -54,7 +54,7 @@ _KNOWN_FIELDS = frozenset(
     {
         *_NO_OP_VALUES, "logprobs", "top_logprobs", "model", "prompt", "messages", "max_tokens",
         "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
-        "logit_bias", "min_tokens", "response_format", "guided_regex", "guided_choice",
+        "logit_bias", "min_tokens", "echo", "response_format", "guided_regex", "guided_choice",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
         "parallel_tool_calls", "resume_token_ids", "return_token_ids",
@@ -85,6 +85,16 @@ class ParsedRequest:
     return_token_ids: bool = False
     """Our extension, for resuming a cut stream: each choice carries its `token_ids` and each
     body the request's sampling `seed`."""
+    echo: Echo | None = None
+    """Completions' echo: the answer starts with the prompt (and its log-probabilities)."""
+
+
+@dataclass(frozen=True)
+class Echo:
+    prompt_text: str
+    prompt_token_ids: list[int]
+    prompt_only: bool
+    """max_tokens 0: the prompt alone (one token is generated, and not shown)."""
 
 
 def parse_completion(
@@ -119,7 +129,18 @@ def _parse_completion(
     logprobs = _optional_int(fields, "logprobs")
     if "top_logprobs" in fields:
         raise bad_field("top_logprobs", "is chat's; completions take logprobs: <count>")
-    return _finish(fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl", logprobs)
+    echo = None
+    if _optional_bool(fields, "echo"):
+        prompt = fields.get("prompt")
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+        echo = Echo(text, prompt_ids, prompt_only=max_tokens == 0)
+        if echo.prompt_only:
+            max_tokens = 1  # the prompt is scored on the way to a first token, not shown
+    parsed = _finish(
+        fields, prompt_ids, "max_tokens", max_tokens, limits, "cmpl", logprobs,
+        prompt_logprobs=logprobs if echo is not None else None,
+    )  # fmt: skip
+    return dataclasses.replace(parsed, echo=echo)
 
 
 def _parse_chat(
@@ -180,6 +201,7 @@ def _finish(
     limits: RequestLimits,
     id_prefix: str,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> ParsedRequest:
     if max_tokens is not None and max_tokens < 1:
         raise bad_field(max_tokens_field, f"must be >= 1, got {max_tokens}")
@@ -206,6 +228,7 @@ def _finish(
         logprobs=logprobs,
         penalties=_penalties(fields),
         grammar=_grammar(fields),
+        prompt_logprobs=prompt_logprobs,
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
     return ParsedRequest(generation, stream, include_usage, return_token_ids)

@@ -55,6 +55,8 @@ class SamplingParams:
     """The stop tokens cannot be sampled before this many output tokens."""
     grammar: str | None = None
     """Structured output: an llguidance grammar (controller/grammar.py) the output must match."""
+    prompt_logprobs: int | None = None
+    """None, or the prompt tokens' log-probabilities with this many alternatives (echo)."""
 
     @property
     def needs_history(self) -> bool:
@@ -67,6 +69,7 @@ class SamplingParams:
             or self.logit_bias
             or self.min_tokens
             or self.grammar is not None
+            or self.prompt_logprobs is not None
         )
 
     def __post_init__(self) -> None:
@@ -93,6 +96,11 @@ class SamplingParams:
                 )
         if self.min_tokens < 0:
             raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                "prompt_logprobs",
+                f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
+            )
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 "logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"

@@ -489,3 +489,49 @@ def test_regex_choice_and_json_object_through_grpc_and_the_openai_client(served:
             model=served.model, prompt="x", extra_body={"guided_regex": "[a-"}
         )
     assert err.value.body["param"] == "guided_regex"  # type: ignore[index]
+
+
+def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) -> None:
+    """What lm-evaluation-harness sends for loglikelihood: echo, logprobs, max_tokens 0. The
+    prompt's log-probabilities (the first token has none) equal transformers' log_softmax, on
+    the official client streamed and not, and on gRPC's prompt_logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    text = "The pipeline stays busy because every micro-batch carries the same work"
+    prompt = served.tokenizer.encode(text)
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, :-1]
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(prompt[1:])[:, None])
+    expected_list = expected[:, 0].tolist()
+
+    whole = served.client.completions.create(
+        model=served.model, prompt=text, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    choice = whole.choices[0]
+    assert choice.text == text and choice.logprobs is not None
+    assert choice.logprobs.token_logprobs is not None and choice.logprobs.top_logprobs is not None
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected_list, abs=1e-4)
+    assert len(choice.logprobs.top_logprobs) == len(prompt)
+    assert whole.usage is not None and whole.usage.completion_tokens == 0
+    streamed = served.client.completions.create(
+        model=served.model, prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0,
+        stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = [c for c in streamed if c.choices]
+    assert chunks[0].choices[0].text == text  # the prompt first, then the completion
+    first = chunks[0].choices[0].logprobs
+    assert first is not None and first.token_logprobs is not None
+    assert first.token_logprobs[1:] == pytest.approx(expected_list, abs=1e-4)
+    assert sum(
+        len(c.choices[0].logprobs.tokens or []) for c in chunks if c.choices[0].logprobs
+    ) == (len(prompt) + 3)
+    responses = list(
+        served.grpc_stub.Generate(
+            generate_pb2.GenerateRequest(prompt=text, max_tokens=1, prompt_logprobs=0), timeout=60
+        )
+    )
+    scored = [e.logprob for e in responses[0].prompt_logprobs]
+    assert scored == pytest.approx(expected_list, abs=1e-4)

@@ -155,7 +155,7 @@ def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
         ({"prompt": {"text": "x"}}, "prompt"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": "yes"}, "stream"),
-        ({"echo": True}, "echo"),
+        ({"echo": "yes"}, "echo"),
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),

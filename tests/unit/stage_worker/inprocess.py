@@ -25,7 +25,7 @@ from stage_worker.config import ShardSpec, load_spec
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
 from stage_worker.models import build_stage
-from stage_worker.runner import StageRunner
+from stage_worker.runner import StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
 
 
@@ -68,6 +68,8 @@ class Outcome:
     """seq_id -> [vocab] logits of each sampled position, in order."""
     logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)
     """seq_id -> the last stage's log-probabilities of each sampled token (None: not asked)."""
+    prompt_logprobs: dict[int, dict[int, TokenLogprobs]] = field(default_factory=dict)
+    """seq_id -> prompt position -> the last stage's log-probabilities of that prompt token."""
     num_preemptions: int = 0
     num_batches: int = 0
 
@@ -119,6 +121,9 @@ def generate(
                 hidden = runner.forward(step, hidden)
             assert hidden is not None
             logits = runners[-1].logits(step, hidden)
+            for seq_id, first, entries in prompt_logprobs(runners[-1], step, hidden):
+                scored = out.prompt_logprobs.setdefault(seq_id, {})
+                scored.update(enumerate(entries, start=first))
             pairs = runners[-1].sample(step, logits)
             sampled = dict(pairs)
             logprobs = runners[-1].logprobs(step, logits, [token for _, token in pairs])

@@ -154,3 +154,26 @@ def test_no_logprobs_unless_asked(tiny_checkpoint: Callable[[str], Path]) -> Non
     model_dir = tiny_checkpoint("llama")
     out = generate(make_runners(model_dir, 1, num_blocks=64), make_prompts((5,)), 3)
     assert out.logprobs[0] == [None, None, None]
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_prompt_logprobs_are_transformers_log_softmax_across_chunks(
+    pp: int, tiny_checkpoint: Callable[[str], Path]
+) -> None:
+    """Prompts of 37 and 70 tokens go in chunks of at most 32: every prompt token from the
+    second on is scored once, equal to transformers' log_softmax at the position before it."""
+    model_dir = tiny_checkpoint("llama")
+    oracle = load_oracle(model_dir)
+    prompts = make_prompts((37, 70, 5))
+    sampling = SamplingParams(prompt_logprobs=2)
+    out = generate(make_runners(model_dir, pp, num_blocks=64), prompts, 2, sampling=sampling)
+    for seq_id, prompt in enumerate(prompts):
+        scored = out.prompt_logprobs[seq_id]
+        assert sorted(scored) == list(range(1, len(prompt)))
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt])).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, dim=-1)  # row i predicts prompt[i + 1]
+        for position, entry in scored.items():
+            row = expected[position - 1]
+            assert entry.logprob == pytest.approx(float(row[prompt[position]]), abs=1e-4)
+            assert entry.top_token_ids == torch.topk(row, 2).indices.tolist()
