@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm demo clean
+.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-lm-eval demo clean
 
 install: $(STAMP)
 
@@ -74,6 +74,16 @@ bench-vs-vllm: install
 	PYTHONPATH=tools $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
 	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) \
 	  --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
+
+# lm-evaluation-harness against our cluster and against its own hf model on the same weights
+# (issue 22, item 7): a venv of its own, two small local tasks, float32, scores compared.
+LM_EVAL_VENV ?= .venv-lmeval
+LM_EVAL_RESULTS ?= bench-results/lm-eval
+bench-lm-eval: install
+	tools/lm_eval_check/install_lm_eval.sh $(LM_EVAL_VENV) $(PYTHON)
+	$(VENV)/bin/sarathictl model prepare-demo
+	PYTHONPATH=tools $(LM_EVAL_VENV)/bin/python -m lm_eval_check --results $(LM_EVAL_RESULTS) \
+	  --sarathictl $(VENV)/bin/sarathictl --model .cache/models/smollm2-135m-instruct
 
 demo: install
 	$(VENV)/bin/sarathictl demo
