@@ -21,7 +21,6 @@ from stage_worker.errors import CheckpointError
 from stage_worker.etcd_registration import EtcdRegistration
 from stage_worker.kv_cache import GPU_CACHE_FRACTION
 from stage_worker.worker import (
-    EXIT_PIPELINE_BROKEN,
     StageWorker,
     WorkerConfig,
     WorkerRejected,
@@ -200,7 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         controller = args.controller
         if args.etcd:
             registration, controller = find_controller(args)
-        return StageWorker(config_from(args, controller)).run()
+        follow = registration.next_controller if registration is not None else None
+        worker = StageWorker(config_from(args, controller), follow)
+        if registration is not None:
+            # A standby took over: join it in this process (weights kept), not after a restart.
+            registration.on_controller_changed = lambda what: worker.controller_changed()
+        return worker.run()
     except CheckpointError as err:
         print(f"stage_worker: bad checkpoint: {err}", file=sys.stderr)
         return 2
@@ -213,17 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if registration is not None:
             registration.close()
-
-
-def leave_for_the_new_controller(what: str) -> None:
-    """The controller this worker serves is gone from etcd (a standby took over, or it is
-    dying): exit at once, from the etcd thread, whatever the main thread is blocked in (a
-    handshake, a receive from a peer stage); the supervisor restarts this worker, which
-    registers with the new controller. Waiting out --controller-timeout would add its seconds
-    to every failover."""
-    print(f"stage_worker: the controller changed ({what}); exiting to re-register", file=sys.stderr)
-    logging.shutdown()
-    os._exit(EXIT_PIPELINE_BROKEN)
 
 
 def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
@@ -241,7 +234,6 @@ def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
             tp_rank=args.tp_rank,
         ),
     )
-    registration.on_controller_changed = leave_for_the_new_controller
     endpoint = registration.start(args.controller_wait)
     if endpoint.model and endpoint.model != model:
         registration.close()

@@ -6,9 +6,9 @@ it learns where the controller's control plane listens from the `controller` key
 the controller if it is not up yet. The rest of start-up is the ZeroMQ handshake.
 
 The worker then follows that key: when it goes (the active controller died and its lease
-ended) or names another controller (a standby took over), `on_controller_changed` is called,
-and the worker leaves at once to register with the new one instead of waiting out its
-controller timeout.
+ended) or names another controller (a standby took over), `on_controller_changed` is called, and
+`next_controller` hands the worker the new controller's address once one is there, so the
+worker joins it at once instead of waiting out its controller timeout.
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ class EtcdRegistration:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="etcd-registration", daemon=True)
         self.on_controller_changed: Callable[[str], None] | None = None
-        """Called (on this object's thread) once the controller found is gone or replaced,
-        with what happened."""
+        """Called (on this object's thread) each time the controller is gone or replaced, with
+        what happened."""
+        self._changed = threading.Condition()
+        self._generation = 0
+        """Controllers seen since start: 1 once the first is found, +1 per successor."""
+        self._taken = 1
+        """The generation the worker last took an address of."""
 
     def start(self, timeout_s: float) -> stage_pb2.ControllerEndpoint:
         """Registers and returns the controller's endpoint; raises ConnectionError when etcd is
@@ -106,23 +111,43 @@ class EtcdRegistration:
         assert found is not None
         endpoint = stage_pb2.ControllerEndpoint()
         endpoint.ParseFromString(found.value)
-        self._endpoint = endpoint
+        with self._changed:
+            self._endpoint = endpoint
+            self._generation = 1
         self._found.set()
         return int(found.mod_revision)
 
     async def _follow_controller(self, client: aetcd.Client, revision: int) -> None:
-        """Any change of the key after `revision` means this worker's controller is gone."""
+        """Every change of the key after `revision`: a delete means the controller is gone, a
+        put names its successor."""
         events = await client.watch(self.prefix + b"controller", start_revision=revision + 1)
         async for event in events:
-            what = (
-                "its lease ended"
-                if event.kind == aetcd.EventKind.DELETE
-                else "another controller took over"
-            )
-            logger.warning("the controller registered in etcd changed: %s", what)
-            if self.on_controller_changed is not None:
-                self.on_controller_changed(what)
-            return
+            if event.kind == aetcd.EventKind.DELETE:
+                self._tell("its lease ended")
+                continue
+            endpoint = stage_pb2.ControllerEndpoint()
+            endpoint.ParseFromString(event.kv.value)
+            # Told first, then handed out: a worker that takes the new address has been told.
+            self._tell(f"the controller at {endpoint.control_addr} took over")
+            with self._changed:
+                self._endpoint = endpoint
+                self._generation += 1
+                self._changed.notify_all()
+
+    def _tell(self, what: str) -> None:
+        logger.warning("the controller registered in etcd changed: %s", what)
+        if self.on_controller_changed is not None:
+            self.on_controller_changed(what)
+
+    def next_controller(self, timeout_s: float) -> str:
+        """The control address of the controller that took over since the last call (the first
+        call: since start); waits for it up to timeout_s, then raises TimeoutError."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._generation > self._taken, timeout_s):
+                raise TimeoutError(f"no new controller registered in etcd within {timeout_s:.0f} s")
+            self._taken = self._generation
+            assert self._endpoint is not None
+            return self._endpoint.control_addr
 
     async def _keep_alive(self, lease: aetcd.Lease) -> None:
         while True:

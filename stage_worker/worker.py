@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -136,6 +138,10 @@ class ControllerLost(ConnectionError):
     """No message from the controller within controller_timeout_s while serving."""
 
 
+class ControllerChanged(Exception):
+    """Cluster mode: another controller took over; leave the pipeline and join its."""
+
+
 # Exit status of a worker whose pipeline broke (a peer died): its supervisor restarts it.
 EXIT_PIPELINE_BROKEN = 3
 
@@ -153,19 +159,21 @@ def route_address(zmq_addr: str) -> str:
 
 
 class StageWorker:
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(
+        self, config: WorkerConfig, next_controller: Callable[[float], str] | None = None
+    ) -> None:
+        """next_controller(timeout_s): cluster mode, the control address of the controller that
+        took over (etcd_registration.py); with it, a worker told `controller_changed` joins the
+        new controller in this process, keeping its weights, instead of exiting."""
         self.config = config
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ctx: zmq.Context = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 2000)
-        if config.curve_server_key_file:
-            server_public, _ = zmq.auth.load_certificate(config.curve_server_key_file)
-            public, secret = zmq.auth.load_certificate(config.curve_key_file)
-            self._sock.curve_serverkey = server_public
-            self._sock.curve_publickey = public
-            self._sock.curve_secretkey = secret
-        self._sock.connect(config.controller)
+        self._next_controller = next_controller
+        self._changed = threading.Event()
+        self._controller_addr = config.controller
+        self._sock = self._connect(config.controller)
+        self._model: StageModel | None = None
+        """The loaded stage, kept across controllers (TP=1: nothing in it names a group)."""
         self._start_s = time.monotonic()
         self._busy_s_total = 0.0
         self._last_batch_id = 0
@@ -179,6 +187,33 @@ class StageWorker:
         self._peer_wait_s = config.controller_timeout_s
 
     # ---- socket ----------------------------------------------------------------------------
+    def _connect(self, addr: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        cfg = self.config
+        if cfg.curve_server_key_file:
+            server_public, _ = zmq.auth.load_certificate(cfg.curve_server_key_file)
+            public, secret = zmq.auth.load_certificate(cfg.curve_key_file)
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        sock.connect(addr)
+        return sock
+
+    def controller_changed(self) -> None:
+        """Another controller took over (called from the etcd thread): the main thread leaves
+        the pipeline at its next look, and joins the new one when it can; without a way to
+        find it, it exits to be restarted."""
+        if self._next_controller is None:
+            logger.warning("the controller changed; exiting to re-register")
+            logging.shutdown()
+            os._exit(EXIT_PIPELINE_BROKEN)
+        self._changed.set()
+
+    def _check_controller(self) -> None:
+        if self._changed.is_set():
+            raise ControllerChanged
+
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
         self._sock.send(msg.SerializeToString())
 
@@ -215,7 +250,7 @@ class StageWorker:
             stage_pb2.WorkerMessage(
                 hello=stage_pb2.WorkerHello(
                     worker_id=self.worker_id,
-                    host=cfg.advertise_host or route_address(cfg.controller),
+                    host=cfg.advertise_host or route_address(self._controller_addr),
                     stage=cfg.stage,
                     tp_rank=cfg.tp_rank,
                     model=os.path.basename(os.path.normpath(cfg.model_dir)),
@@ -224,8 +259,10 @@ class StageWorker:
             )
         )
         while True:
-            msg = self._recv()
-            assert msg is not None
+            msg = self._recv(IDLE_HEARTBEAT_S)
+            if msg is None:
+                self._check_controller()
+                continue
             if msg.HasField("assignment"):
                 return msg.assignment
             if msg.HasField("shutdown"):
@@ -259,6 +296,28 @@ class StageWorker:
             torch.set_num_threads(cfg.num_threads)
         if cfg.small_batch_kernel:
             gemv.enable()
+        while True:
+            try:
+                return self._join_and_serve()
+            except ControllerChanged:
+                self._rejoin()
+
+    def _rejoin(self) -> None:
+        """Leaves the old controller's socket and connects to the one that took over."""
+        assert self._next_controller is not None
+        self._sock.close(linger=0)
+        addr = self._next_controller(max(30.0, 3 * self.config.controller_timeout_s))
+        # Every change up to this controller was told before its address was handed out.
+        self._changed.clear()
+        logger.info("joining the controller at %s (weights kept)", addr)
+        self._controller_addr = addr
+        self._sock = self._connect(addr)
+
+    def _join_and_serve(self) -> int:
+        """Hello, assignment, torch.distributed, weights, KV cache, then serving until the
+        controller says stop (0), goes silent (ControllerLost) or is replaced (ControllerChanged:
+        the distributed world is left first, so the next one can form)."""
+        cfg = self.config
         assignment = self._handshake()
         shard = ShardSpec(assignment.pp, assignment.tp, assignment.stage, assignment.tp_rank)
         self.shard = shard
@@ -275,7 +334,15 @@ class StageWorker:
             os.environ.setdefault("NCCL_SOCKET_IFNAME", assignment.socket_ifname)
         backend = choose_backend(cfg.comm_backend, cfg.device)
         tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device, backend)
-        model = self._load(shard, tp_group)
+        try:
+            return self._serve_pipeline(shard, tp_group, backend)
+        except ControllerChanged:
+            self._leave_pipeline(None)  # left already when it came while serving: a no-op
+            raise
+
+    def _serve_pipeline(self, shard: ShardSpec, tp_group: TPGroup, backend: str) -> int:
+        cfg = self.config
+        model = self._stage_model(shard, tp_group)
         spec = model.spec
         dtype = DTYPES[cfg.dtype]
         per_block = bytes_per_block(
@@ -289,18 +356,14 @@ class StageWorker:
                 ready=stage_pb2.WorkerReady(num_kv_blocks=num_blocks, param_bytes=model.param_bytes)
             )
         )
-        while True:
-            msg = self._recv()
-            assert msg is not None
-            if msg.HasField("cache"):
-                break
-            if msg.HasField("shutdown"):
-                destroy_distributed()
-                return 0
+        cache_msg = self._await_cache()
+        if cache_msg is None:  # shut down before serving
+            destroy_distributed()
+            return 0
         cache = KVCache(
             len(model.layers),
-            msg.cache.num_kv_blocks,
-            msg.cache.block_size,
+            cache_msg.num_kv_blocks,
+            cache_msg.block_size,
             model.num_kv_heads_local,
             spec.head_dim,
             cfg.device,
@@ -317,6 +380,9 @@ class StageWorker:
         links = PipelineLinks(shard, tp_group, cfg.send_slices, via_host)
         try:
             code = self._serve(runner, links)
+        except ControllerChanged:
+            self._leave_pipeline(links)
+            raise
         except ControllerLost:
             raise
         except Exception:
@@ -326,13 +392,42 @@ class StageWorker:
             logger.exception("the pipeline broke; exiting to be restarted")
             logging.shutdown()
             os._exit(EXIT_PIPELINE_BROKEN)
-        with self._watchdog.guard("leaving the pipeline", cfg.controller_timeout_s):
-            try:
-                links.wait_sends()
-            except RuntimeError as err:  # the next stage is already gone
-                logger.warning("pending activation sends failed at shutdown: %s", err)
-            destroy_distributed()
+        self._leave_pipeline(links)
         return code
+
+    def _await_cache(self) -> stage_pb2.CacheAssignment | None:
+        """The KV-cache size every worker allocates, or None when told to shut down first."""
+        while True:
+            msg = self._recv(IDLE_HEARTBEAT_S)
+            if msg is None:
+                self._check_controller()
+                continue
+            if msg.HasField("cache"):
+                return msg.cache
+            if msg.HasField("shutdown"):
+                return None
+
+    def _leave_pipeline(self, links: PipelineLinks | None) -> None:
+        """Pending sends, then the distributed world; a peer that never answers ends the
+        process (the watchdog) rather than this worker."""
+        with self._watchdog.guard("leaving the pipeline", self.config.controller_timeout_s):
+            if links is not None:
+                try:
+                    links.wait_sends()
+                except RuntimeError as err:  # the next stage is already gone
+                    logger.warning("pending activation sends failed at shutdown: %s", err)
+            destroy_distributed()
+
+    def _stage_model(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:
+        """The same stage as before (TP=1: its layers hold no group) is kept; else loaded."""
+        model = self._model
+        if model is not None and model.shard == shard and shard.tp == 1:
+            logger.info("keeping the loaded layers of stage %d", shard.stage)
+            return model
+        self._model = None  # free the old stage's weights before loading the new ones
+        model = self._load(shard, tp_group)
+        self._model = model
+        return model
 
     def _graphs(self, model: StageModel, cache: KVCache) -> DecodeGraphs | None:
         if not (self.config.cuda_graphs and self.config.device.startswith("cuda")):
@@ -348,6 +443,7 @@ class StageWorker:
         last_heard_s = time.monotonic()
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
+            self._check_controller()
             if msg is None:
                 silent_s = time.monotonic() - last_heard_s
                 if silent_s > self.config.controller_timeout_s:

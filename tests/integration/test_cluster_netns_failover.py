@@ -8,8 +8,8 @@ there, not asserted here.
 
 The processes are supervised as Kubernetes would (an exited one starts again with the same argv):
 the killed controller, held down until the standby took over (its node is gone), comes back as
-the new standby; the workers leave as soon as the active
-controller's key goes from etcd and register with the new one.
+the new standby. The workers leave the pipeline as soon as the active controller's key goes from
+etcd and join the new controller in their own processes, keeping their weights.
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ def test_the_standby_takes_over_and_every_stream_completes_through_resume(
             assert after["seed"] != undisturbed[CLIENTS.index((prompt, flags))]["seed"]
         assert after["token_ids"] == before["token_ids"], prompt
         assert after["text"] == before["text"], prompt
-    # The killed controller came back as the standby; the workers serve the new active one.
+    # The workers joined the new controller in their own processes (weights kept), not after a
+    # restart; the killed controller came back as the standby.
+    assert cluster.restarts.get("s0", 0) == 0 and cluster.restarts.get("s1", 0) == 0
     wait_until(lambda: cluster.is_standby("ctl"), 60, "the old controller back as a standby")
     status = cluster.status("ctl2")
     assert status.serving and [s.host for s in status.stages] == [

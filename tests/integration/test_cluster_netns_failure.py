@@ -210,12 +210,12 @@ def test_z_a_killed_controller_is_replaced_and_workers_re_register_with_it(
     serving_s = time.monotonic() - killed_at
     print(
         f"\nnamespace cluster, kill -9 of the controller: old client UNAVAILABLE after "
-        f"{unavailable_s:.2f} s; serving again after {serving_s:.2f} s (workers' "
-        f"--controller-timeout {CONTROLLER_TIMEOUT_S:.0f} s)"
+        f"{unavailable_s:.2f} s; serving again after {serving_s:.2f} s (its restart, and its "
+        f"predecessor's lease in etcd ending)"
     )
     assert Stream(cluster, prompt, 40).result(60) == expected
-    # Both workers left the dead controller and registered with the new one.
-    assert all(cluster.restarts.get(w, 0) > n for w, n in workers_started.items())
+    # Both workers left the dead controller and joined the new one in their own processes.
+    assert all(cluster.restarts.get(w, 0) == n for w, n in workers_started.items())
     assert [s.host for s in cluster.status().stages] == [
         cluster.net.addresses["s0"],
         cluster.net.addresses["s1"],

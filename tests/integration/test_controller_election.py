@@ -114,6 +114,8 @@ def test_a_dead_leader_is_replaced_after_its_lease_and_workers_hear_of_it(etcd: 
         await standby.connect()
         await asyncio.wait_for(standby.lead(endpoint("b"), lambda held: None), 10)
         took_over_s = time.monotonic() - died_at
+        # The worker is handed the successor's control address.
+        assert await asyncio.to_thread(worker.next_controller, 5) == "tcp://b:5555"
         await standby.close()
         return took_over_s
 
@@ -122,7 +124,7 @@ def test_a_dead_leader_is_replaced_after_its_lease_and_workers_hear_of_it(etcd: 
         assert heard.wait(5)
     finally:
         worker.close()
-    assert changes == ["its lease ended"]
+    assert changes[:2] == ["its lease ended", "the controller at tcp://b:5555 took over"]
     assert took_over_s > 1.0  # it waited for the lease: nothing deleted the key
 
 
