@@ -300,16 +300,19 @@ class StageWorker:
             try:
                 return self._join_and_serve()
             except ControllerChanged:
-                self._rejoin()
+                pass  # out of the handler first: its traceback holds the old KV cache
+            self._rejoin()
 
     def _rejoin(self) -> None:
         """Leaves the old controller's socket and connects to the one that took over."""
         assert self._next_controller is not None
         self._sock.close(linger=0)
+        if self.config.device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the old KV cache's memory, for the new one to measure
         addr = self._next_controller(max(30.0, 3 * self.config.controller_timeout_s))
         # Every change up to this controller was told before its address was handed out.
         self._changed.clear()
-        logger.info("joining the controller at %s (weights kept)", addr)
+        logger.info("joining the controller at %s", addr)
         self._controller_addr = addr
         self._sock = self._connect(addr)
 
