@@ -142,7 +142,7 @@ class Tokenizer:
             return self._compiled_template.render(
                 messages=_plain(list(messages)),
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=_plain(context.pop("tools", None)),
                 documents=None,
                 **_plain(context),
             )

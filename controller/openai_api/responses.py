@@ -55,21 +55,26 @@ class ResponseIds:
 
 def full_response(
     ids: ResponseIds,
-    text: str,
+    text: str | None,
     finish_reason: str,
     usage_counts: dict[str, int],
     token_ids: list[int] | None = None,
     logprobs: dict[str, object] | None = None,
+    tool_calls: list[dict[str, object]] | None = None,
 ) -> dict[str, object]:
     """A non-streamed answer; token_ids: the output's ids, when the request asked for them;
-    logprobs: OpenAI's logprobs object, when it asked for them."""
+    logprobs: OpenAI's logprobs object, when it asked for them; tool_calls: chat's, read out of
+    the text (which is then only what is left beside them, or None)."""
     choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":
         choice["text"] = text
     else:
-        choice["message"] = {"role": "assistant", "content": text}
+        message: dict[str, object] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice["message"] = message
     return {**ids.header(chunk=False), "choices": [choice], "usage": usage_counts}
 
 
@@ -82,20 +87,24 @@ def chunk(
     include_usage: bool = False,
     token_ids: list[int] | None = None,
     logprobs: dict[str, object] | None = None,
+    tool_calls: list[dict[str, object]] | None = None,
 ) -> dict[str, object]:
     """One streamed choice delta. role: the chat stream's first chunk, which names the speaker.
     include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`.
     token_ids: the ids this chunk's text came from, when the request asked for them; logprobs:
-    theirs, as OpenAI's logprobs object, when it asked for them."""
+    theirs, as OpenAI's logprobs object, when it asked for them; tool_calls: chat's calls, each
+    whole (with its `index`)."""
     choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":
         choice["text"] = text or ""
     else:
-        delta: dict[str, str] = {"role": "assistant"} if role else {}
+        delta: dict[str, object] = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
         choice["delta"] = delta
     body = {**ids.header(chunk=True), "choices": [choice]}
     if include_usage:

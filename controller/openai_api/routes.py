@@ -35,6 +35,7 @@ from controller.openai_api.responses import (
 )
 from controller.openai_api.state import HttpApiState
 from controller.openai_api.streaming import Answer, StreamOptions, collect, sse_stream
+from controller.openai_api.tools import parse_tool_calls
 from controller.openai_api.validation import ParsedRequest, parse_chat, parse_completion
 from controller.scheduler import InvalidRequestError
 from controller.tokenizer import Tokenizer
@@ -123,7 +124,7 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
         formatter = LogprobsFormatter(serving.tokenizer, kind)
     if parsed.stream:
         options = StreamOptions(
-            parsed.include_usage, parsed.return_token_ids, formatter, parsed.echo
+            parsed.include_usage, parsed.return_token_ids, formatter, parsed.echo, parsed.tools
         )
         return StreamingResponse(
             sse_stream(ids, handle, serving.engine, request.receive, options),
@@ -157,7 +158,12 @@ def whole_answer(
         text = echo.prompt_text + text
     counts = usage(last.num_prompt_tokens, num_output)
     shown_ids = token_ids if parsed.return_token_ids else None
-    return full_response(ids, text, reason, counts, shown_ids, shown_logprobs)
+    content: str | None = text
+    calls: list[dict[str, object]] = []
+    if parsed.tools is not None:
+        content, calls = parse_tool_calls(text, parsed.tools)
+        reason = "tool_calls" if calls else reason
+    return full_response(ids, content, reason, counts, shown_ids, shown_logprobs, calls)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

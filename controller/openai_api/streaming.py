@@ -26,6 +26,7 @@ from controller.openai_api.responses import (
     usage_chunk,
 )
 from controller.openai_api.state import EngineLike
+from controller.openai_api.tools import ToolSpec, parse_tool_calls
 from controller.openai_api.validation import Echo
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,9 @@ class StreamOptions:
     echo: Echo | None = None
     """The first chunk is the prompt (with its log-probabilities); with prompt_only, the only
     one."""
+    tools: ToolSpec | None = None
+    """Chat with tools: the text is held until the end, then sent as content and tool calls
+    (a call is only known whole once its block closes)."""
 
 
 async def sse_stream(
@@ -145,6 +149,7 @@ async def sse_stream(
         if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
             yield sse(chunk(ids, text="", role=True, include_usage=usage_null))
         echo = options.echo
+        held: list[str] = []
         while True:
             event = await handle.events.get()
             if echo is not None:
@@ -154,7 +159,9 @@ async def sse_stream(
                         yield line
                     return
                 echo = None
-            if event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
+            if options.tools is not None:
+                held.append(event.text)
+            elif event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
                 yield sse(
                     chunk(
                         ids,
@@ -168,6 +175,10 @@ async def sse_stream(
                 continue
             if not watch.disconnected:  # else nobody is listening for the end
                 reason = finish_reason_name(event.finish_reason)
+                if options.tools is not None:
+                    content, calls = parse_tool_calls("".join(held), options.tools)
+                    yield sse(chunk(ids, text=content, include_usage=usage_null, tool_calls=calls))
+                    reason = "tool_calls" if calls else reason
                 for line in _end(
                     ids, options, reason, event.num_prompt_tokens, event.num_output_tokens
                 ):

@@ -25,6 +25,7 @@ from controller.api_request import (
 from controller.engine import GenerationRequest
 from controller.grammar import compile_grammar
 from controller.openai_api.errors import ApiError, bad_field, invalid_request
+from controller.openai_api.tools import ToolSpec, parse_tools, tool_grammar
 from controller.scheduler import InvalidRequestError
 from controller.scheduler.sequence import MAX_TOP_LOGPROBS
 from controller.tokenizer import Tokenizer
@@ -44,8 +45,6 @@ _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
 }
 
 
@@ -54,7 +53,8 @@ _KNOWN_FIELDS = frozenset(
     {
         *_NO_OP_VALUES, "logprobs", "top_logprobs", "model", "prompt", "messages", "max_tokens",
         "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
-        "logit_bias", "min_tokens", "echo", "response_format", "guided_regex", "guided_choice",
+        "logit_bias", "min_tokens", "echo", "tools", "tool_choice", "response_format",
+        "guided_regex", "guided_choice",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
         "parallel_tool_calls", "resume_token_ids", "return_token_ids",
@@ -87,6 +87,8 @@ class ParsedRequest:
     body the request's sampling `seed`."""
     echo: Echo | None = None
     """Completions' echo: the answer starts with the prompt (and its log-probabilities)."""
+    tools: ToolSpec | None = None
+    """Chat's tools: the answer's text is read for tool calls."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,9 @@ def _parse_chat(
 ) -> ParsedRequest:
     fields = _common_checks(body, model_name)
     messages = _messages(fields.get("messages"))
+    tools = parse_tools(fields)
     try:
-        rendered = tokenizer.apply_chat_template(messages)
+        rendered = tokenizer.apply_chat_template(messages, tools=tools.tools if tools else None)
     except InvalidRequestError as err:  # no template, or the template refused the messages
         raise InvalidRequestError("messages", str(err).removeprefix(f"{err.field}: ")) from err
     # The template already placed BOS and the role markers: add nothing more.
@@ -159,7 +162,16 @@ def _parse_chat(
     if fields.get("max_completion_tokens") is not None:
         name = "max_completion_tokens"
     max_tokens = _optional_int(fields, name)
-    return _finish(fields, prompt_ids, name, max_tokens, limits, "chatcmpl", _chat_logprobs(fields))
+    grammar = tool_grammar(tools) if tools else None
+    if grammar is not None and _grammar(fields) is not None:
+        raise bad_field(
+            "tool_choice", "a required tool call and a response format exclude each other"
+        )
+    parsed = _finish(
+        fields, prompt_ids, name, max_tokens, limits, "chatcmpl", _chat_logprobs(fields),
+        grammar=grammar,
+    )  # fmt: skip
+    return dataclasses.replace(parsed, tools=tools)
 
 
 def _chat_logprobs(fields: Mapping[str, Any]) -> int | None:
@@ -202,6 +214,7 @@ def _finish(
     id_prefix: str,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    grammar: str | None = None,
 ) -> ParsedRequest:
     if max_tokens is not None and max_tokens < 1:
         raise bad_field(max_tokens_field, f"must be >= 1, got {max_tokens}")
@@ -227,7 +240,7 @@ def _finish(
         resume_token_ids=_token_ids(fields, "resume_token_ids", limits),  # our extension
         logprobs=logprobs,
         penalties=_penalties(fields),
-        grammar=_grammar(fields),
+        grammar=grammar or _grammar(fields),
         prompt_logprobs=prompt_logprobs,
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
@@ -305,7 +318,7 @@ def _completion_prompt_ids(
     raise bad_field("prompt", "must be a string or a list of token ids")
 
 
-def _messages(value: object) -> list[dict[str, str]]:
+def _messages(value: object) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise bad_field("messages", "must be a non-empty list of {role, content} objects")
     messages = []
@@ -316,7 +329,17 @@ def _messages(value: object) -> list[dict[str, str]]:
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_field(f"messages[{i}].role", f"must be one of {sorted(CHAT_ROLES)}")
         content = _unicode(_content(message.get("content"), i), f"messages[{i}].content")
-        messages.append({"role": role, "content": content})
+        kept: dict[str, Any] = {"role": role, "content": content}
+        # What tool-aware templates render: an assistant's calls, a tool result's call id.
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise bad_field(f"messages[{i}].tool_calls", "must be a list")
+            kept["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                kept[key] = message[key]
+        messages.append(kept)
     return messages
 
 

@@ -535,3 +535,48 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) 
     )
     scored = [e.logprob for e in responses[0].prompt_logprobs]
     assert scored == pytest.approx(expected_list, abs=1e-4)
+
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"enum": [1, 2]}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL: Any = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+
+
+def test_required_and_named_tool_calls_through_the_official_client(served: Served) -> None:
+    """PP=2, sampled: with tool_choice required or a named function the answer is a call, in
+    OpenAI's shape, whose arguments parse under the function's schema, streamed or not."""
+    import jsonschema
+
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        answer = served.client.chat.completions.create(
+            model=served.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
+            tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=choice,  # type: ignore[arg-type]
+        )  # fmt: skip
+        message = answer.choices[0].message
+        assert answer.choices[0].finish_reason == "tool_calls", message
+        assert message.tool_calls
+        for call in message.tool_calls:
+            assert call.type == "function" and call.id.startswith("call_")
+            schema = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.function.name]
+            arguments = json.loads(call.function.arguments)
+            jsonschema.validate(arguments, schema["function"]["parameters"] or {})
+        if isinstance(choice, dict):
+            assert {c.function.name for c in message.tool_calls} == {"get_weather"}
+    stream = served.client.chat.completions.create(
+        model=served.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
+        tools=[WEATHER_TOOL], tool_choice="required", stream=True,
+    )  # fmt: skip
+    chunks = [c for c in stream if c.choices]
+    deltas = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

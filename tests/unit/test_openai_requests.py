@@ -193,7 +193,7 @@ def test_bad_completion_fields_get_400_naming_the_field(
             "messages[0].content",
         ),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"logprobs": 3}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
