@@ -7,6 +7,7 @@ One cluster for the module (start-up costs seconds on a 2-core machine).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,13 +64,13 @@ class Served:
         return "".join(r.text for r in stream), stream[-1]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@contextlib.contextmanager
+def start_served(tmp_path_factory: pytest.TempPathFactory, pp: int) -> Iterator[Served]:
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
     metrics_port = free_port()
     config = LocalClusterConfig(
         model_dir=str(model_dir),
-        pp=2,
+        pp=pp,
         budget_tokens=64,
         port=0,
         http_port=0,
@@ -89,6 +90,25 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         client.close()
         channel.close()
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with start_served(tmp_path_factory, pp=2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def served_pp1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with start_served(tmp_path_factory, pp=1) as running:
+        yield running
+
+
+@pytest.fixture(params=[1, 2], ids=["pp1", "pp2"])
+def any_pp(request: pytest.FixtureRequest) -> Served:
+    """The request-field tests (issue 22) run against PP=1 and PP=2."""
+    served: Served = request.getfixturevalue("served_pp1" if request.param == 1 else "served")
+    return served
 
 
 def test_health_and_models(served: Served) -> None:
@@ -325,17 +345,17 @@ def test_each_stage_splits_its_time_into_busy_bubble_and_idle(
 
 
 def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softmax(
-    served: Served,
+    any_pp: Served,
 ) -> None:
-    """PP=2, float32: each token's log-probability and its top alternatives, through gRPC and
+    """PP 1 and 2, float32: each token's log-probability and its top alternatives, through gRPC and
     through the official client (completions and chat), equal transformers' log_softmax."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    prompt = served.tokenizer.encode("The pipeline")
+    prompt = any_pp.tokenizer.encode("The pipeline")
     top = 3
     responses = list(
-        served.grpc_stub.Generate(
+        any_pp.grpc_stub.Generate(
             generate_pb2.GenerateRequest(
                 prompt_token_ids=prompt, max_tokens=6, ignore_eos=True, logprobs=top
             ),
@@ -345,7 +365,7 @@ def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softma
     tokens = [t for r in responses for t in r.token_ids]
     entries = [e for r in responses for e in r.logprobs]
     assert len(entries) == len(tokens) == 6
-    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(any_pp.model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
     expected = torch.log_softmax(logits, dim=-1)  # [6, vocab]
@@ -355,16 +375,16 @@ def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softma
         assert list(entry.top_token_ids) == best.indices.tolist()
         assert list(entry.top_logprobs) == pytest.approx(best.values.tolist(), abs=1e-4)
 
-    completion = served.client.completions.create(
-        model=served.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=top,
+    completion = any_pp.client.completions.create(
+        model=any_pp.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=top,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     legacy = completion.choices[0].logprobs
     assert legacy is not None and legacy.token_logprobs is not None
     assert legacy.token_logprobs == pytest.approx([e.logprob for e in entries], abs=1e-6)
     assert legacy.top_logprobs is not None and all(len(m) <= top for m in legacy.top_logprobs)
-    chat = served.client.chat.completions.create(
-        model=served.model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True,
+    chat = any_pp.client.chat.completions.create(
+        model=any_pp.model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True,
         top_logprobs=2, extra_body={"ignore_eos": True},
     )  # fmt: skip
     content = chat.choices[0].logprobs
@@ -373,30 +393,30 @@ def test_logprobs_through_grpc_and_the_openai_client_are_transformers_log_softma
     assert all(entry.logprob <= 0.0 for entry in content.content)
 
 
-def test_penalties_bias_and_min_tokens_through_grpc_and_the_openai_client(served: Served) -> None:
-    """PP=2: a +100 bias makes its token every token, on both APIs; min_tokens holds the
+def test_penalties_bias_and_min_tokens_through_grpc_and_the_openai_client(any_pp: Served) -> None:
+    """PP 1 and 2: a +100 bias makes its token every token, on both APIs; min_tokens holds the
     end-of-sequence token back; frequency and presence penalties change a greedy stream."""
-    prompt = served.tokenizer.encode("The pipeline")
+    prompt = any_pp.tokenizer.encode("The pipeline")
     token = 42
-    completion = served.client.completions.create(
-        model=served.model, prompt=prompt, max_tokens=5, temperature=0,
+    completion = any_pp.client.completions.create(
+        model=any_pp.model, prompt=prompt, max_tokens=5, temperature=0,
         logit_bias={str(token): 100}, extra_body={"ignore_eos": True, "return_token_ids": True},
     )  # fmt: skip
     assert completion.choices[0].model_extra is not None
     assert completion.choices[0].model_extra["token_ids"] == [token] * 5
     sampling = generate_pb2.SamplingParams(logit_bias={token: 100.0})
     responses = list(
-        served.grpc_stub.Generate(
+        any_pp.grpc_stub.Generate(
             generate_pb2.GenerateRequest(prompt_token_ids=prompt, max_tokens=5, sampling=sampling),
             timeout=120,
         )
     )
     assert [t for r in responses for t in r.token_ids] == [token] * 5
     # The end-of-sequence token pushed to the top, held back for 3 tokens, then it ends the stream.
-    eos = min(served.tokenizer.eos_token_ids)
+    eos = min(any_pp.tokenizer.eos_token_ids)
     sampling = generate_pb2.SamplingParams(logit_bias={eos: 100.0}, min_tokens=3)
     responses = list(
-        served.grpc_stub.Generate(
+        any_pp.grpc_stub.Generate(
             generate_pb2.GenerateRequest(prompt_token_ids=prompt, max_tokens=10, sampling=sampling),
             timeout=120,
         )
@@ -406,8 +426,8 @@ def test_penalties_bias_and_min_tokens_through_grpc_and_the_openai_client(served
     assert responses[-1].finish_reason == generate_pb2.FINISH_REASON_STOP
 
     def greedy(**penalties: float) -> str:
-        answer = served.client.completions.create(
-            model=served.model, prompt=prompt, max_tokens=24, temperature=0,
+        answer = any_pp.client.completions.create(
+            model=any_pp.model, prompt=prompt, max_tokens=24, temperature=0,
             extra_body={"ignore_eos": True}, **penalties,  # type: ignore[arg-type]
         )  # fmt: skip
         return answer.choices[0].text
@@ -444,9 +464,9 @@ schemas = st.recursive(
 )
 
 
-def test_structured_output_always_parses_under_its_schema(served: Served) -> None:
+def test_structured_output_always_parses_under_its_schema(any_pp: Served) -> None:
     """Hypothesis over JSON schemas (objects, arrays, bounded integers and strings, enums),
-    through the official client's response_format at PP=2: every output is JSON valid under its
+    through the official client's response_format at PP 1 and 2: every output is JSON valid under its
     schema, though the model (random weights) would rarely write JSON by itself."""
     import jsonschema
 
@@ -454,8 +474,8 @@ def test_structured_output_always_parses_under_its_schema(served: Served) -> Non
               suppress_health_check=list(HealthCheck), database=None)  # fmt: skip
     @given(schema=schemas)
     def one(schema: dict[str, Any]) -> None:
-        answer = served.client.chat.completions.create(
-            model=served.model, messages=QUESTION, max_tokens=300, temperature=0.8, seed=1,
+        answer = any_pp.client.chat.completions.create(
+            model=any_pp.model, messages=QUESTION, max_tokens=300, temperature=0.8, seed=1,
             response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
         )  # fmt: skip
         text = answer.choices[0].message.content or ""
@@ -465,9 +485,9 @@ def test_structured_output_always_parses_under_its_schema(served: Served) -> Non
     one()
 
 
-def test_regex_choice_and_json_object_through_grpc_and_the_openai_client(served: Served) -> None:
+def test_regex_choice_and_json_object_through_grpc_and_the_openai_client(any_pp: Served) -> None:
     def grpc_text(structured: generate_pb2.StructuredOutput) -> str:
-        text, last = served.grpc_text(
+        text, last = any_pp.grpc_text(
             prompt="Say something", max_tokens=64, structured_output=structured,
             sampling=generate_pb2.SamplingParams(temperature=0.8, seed=3),
         )  # fmt: skip
@@ -480,18 +500,18 @@ def test_regex_choice_and_json_object_through_grpc_and_the_openai_client(served:
     picked = grpc_text(generate_pb2.StructuredOutput(choice=generate_pb2.Choices(choices=choices)))
     assert picked in choices
     assert isinstance(json.loads(grpc_text(generate_pb2.StructuredOutput(json_object=True))), dict)
-    via_openai = served.client.completions.create(
-        model=served.model, prompt="Pick", max_tokens=32, extra_body={"guided_choice": choices},
+    via_openai = any_pp.client.completions.create(
+        model=any_pp.model, prompt="Pick", max_tokens=32, extra_body={"guided_choice": choices},
     )  # fmt: skip
     assert via_openai.choices[0].text in choices
     with pytest.raises(openai.BadRequestError) as err:
-        served.client.completions.create(
-            model=served.model, prompt="x", extra_body={"guided_regex": "[a-"}
+        any_pp.client.completions.create(
+            model=any_pp.model, prompt="x", extra_body={"guided_regex": "[a-"}
         )
     assert err.value.body["param"] == "guided_regex"  # type: ignore[index]
 
 
-def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) -> None:
+def test_echo_with_logprobs_scores_the_prompt_like_transformers(any_pp: Served) -> None:
     """What lm-evaluation-harness sends for loglikelihood: echo, logprobs, max_tokens 0. The
     prompt's log-probabilities (the first token has none) equal transformers' log_softmax, on
     the official client streamed and not, and on gRPC's prompt_logprobs."""
@@ -499,15 +519,15 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) 
     from transformers import AutoModelForCausalLM
 
     text = "The pipeline stays busy because every micro-batch carries the same work"
-    prompt = served.tokenizer.encode(text)
-    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32).eval()
+    prompt = any_pp.tokenizer.encode(text)
+    model = AutoModelForCausalLM.from_pretrained(any_pp.model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([prompt])).logits[0, :-1]
     expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(prompt[1:])[:, None])
     expected_list = expected[:, 0].tolist()
 
-    whole = served.client.completions.create(
-        model=served.model, prompt=text, max_tokens=0, echo=True, logprobs=1, temperature=0
+    whole = any_pp.client.completions.create(
+        model=any_pp.model, prompt=text, max_tokens=0, echo=True, logprobs=1, temperature=0
     )
     choice = whole.choices[0]
     assert choice.text == text and choice.logprobs is not None
@@ -516,8 +536,8 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) 
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected_list, abs=1e-4)
     assert len(choice.logprobs.top_logprobs) == len(prompt)
     assert whole.usage is not None and whole.usage.completion_tokens == 0
-    streamed = served.client.completions.create(
-        model=served.model, prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0,
+    streamed = any_pp.client.completions.create(
+        model=any_pp.model, prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0,
         stream=True, extra_body={"ignore_eos": True},
     )  # fmt: skip
     chunks = [c for c in streamed if c.choices]
@@ -529,7 +549,7 @@ def test_echo_with_logprobs_scores_the_prompt_like_transformers(served: Served) 
         len(c.choices[0].logprobs.tokens or []) for c in chunks if c.choices[0].logprobs
     ) == (len(prompt) + 3)
     responses = list(
-        served.grpc_stub.Generate(
+        any_pp.grpc_stub.Generate(
             generate_pb2.GenerateRequest(prompt=text, max_tokens=1, prompt_logprobs=0), timeout=60
         )
     )
@@ -552,14 +572,14 @@ WEATHER_TOOL: Any = {
 TIME_TOOL: Any = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
 
 
-def test_required_and_named_tool_calls_through_the_official_client(served: Served) -> None:
-    """PP=2, sampled: with tool_choice required or a named function the answer is a call, in
+def test_required_and_named_tool_calls_through_the_official_client(any_pp: Served) -> None:
+    """PP 1 and 2, sampled: with tool_choice required or a named function the answer is a call, in
     OpenAI's shape, whose arguments parse under the function's schema, streamed or not."""
     import jsonschema
 
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        answer = served.client.chat.completions.create(
-            model=served.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
+        answer = any_pp.client.chat.completions.create(
+            model=any_pp.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
             tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=choice,  # type: ignore[arg-type]
         )  # fmt: skip
         message = answer.choices[0].message
@@ -572,8 +592,8 @@ def test_required_and_named_tool_calls_through_the_official_client(served: Serve
             jsonschema.validate(arguments, schema["function"]["parameters"] or {})
         if isinstance(choice, dict):
             assert {c.function.name for c in message.tool_calls} == {"get_weather"}
-    stream = served.client.chat.completions.create(
-        model=served.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
+    stream = any_pp.client.chat.completions.create(
+        model=any_pp.model, messages=QUESTION, max_tokens=200, temperature=0.8, seed=5,
         tools=[WEATHER_TOOL], tool_choice="required", stream=True,
     )  # fmt: skip
     chunks = [c for c in stream if c.choices]
