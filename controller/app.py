@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -215,8 +216,10 @@ async def begin_serving(
     num_blocks: int,
     model: ServedModel,
     apis: Apis,
+    stop: asyncio.Event,
 ) -> Engine:
-    """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests."""
+    """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests;
+    `stop` is set if the engine loop fails."""
     cache = CacheConfig(
         block_size=config.cache.block_size, num_blocks=num_blocks, watermark=config.cache.watermark
     )
@@ -248,8 +251,10 @@ async def begin_serving(
     apis.service.attach(engine, pipeline, limits, model.tokenizer.encode_prompt)
     apis.http_state.attach(engine, limits, model.tokenizer)
     apis.http_state.queue_full = engine.queue_full
+    engine_task = asyncio.create_task(engine.run(), name="engine")
+    engine_task.add_done_callback(functools.partial(_engine_ended, stop))
     apis.tasks += [
-        asyncio.create_task(engine.run(), name="engine"),
+        engine_task,
         asyncio.create_task(
             watch_health(engine, pipeline, config.server.stall_timeout_s, apis.publish),
             name="health",
@@ -262,6 +267,22 @@ async def begin_serving(
         config.scheduler.policy, config.scheduler.budget_tokens,
     )  # fmt: skip
     return engine
+
+
+class EngineFailed(RuntimeError):
+    """The engine loop raised: the controller stops, to be restarted."""
+
+
+def _engine_ended(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+    """The engine loop never returns: an exception in it would otherwise end all serving with
+    nothing logged and every request hanging. Log it and stop, so the controller exits non-zero
+    and is restarted (its workers join the new one; clients resume)."""
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None:
+        log.critical("the engine loop failed; stopping", exc_info=err)
+        stop.set()
 
 
 async def end_streams(apis: Apis, engine: Engine | None) -> None:
@@ -307,7 +328,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         num_blocks = await wait_for_workers(config, pipeline, apis, stop)
         if num_blocks is None:
             return
-        engine = await begin_serving(config, pipeline, num_blocks, model, apis)
+        engine = await begin_serving(config, pipeline, num_blocks, model, apis, stop)
         await stop.wait()
     finally:
         log.info("shutting down")
@@ -318,5 +339,13 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             await membership.close()
         channel.close()
         ctx.term()
+    raise_why_stopped(apis, lost_leadership)
+
+
+def raise_why_stopped(apis: Apis, lost_leadership: asyncio.Event) -> None:
+    """A stop that was not asked for ends the process non-zero, so it is restarted."""
     if lost_leadership.is_set():
         raise LeadershipLost("the leader lease in etcd ended; stopped so that one active remains")
+    engine = next((t for t in apis.tasks if t.get_name() == "engine"), None)
+    if engine is not None and engine.done() and not engine.cancelled() and engine.exception():
+        raise EngineFailed("the engine loop failed (logged above)")

@@ -97,7 +97,7 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     state.authenticate(request.headers.get("authorization"))
     serving = state.require_serving()
     try:
-        raw = await request.body()
+        raw = await read_body(request)
     except ClientDisconnect as err:  # gone before its body was whole: nobody to answer, no fault
         raise ApiError(400, "the client disconnected before sending the whole body") from err
     try:
@@ -164,6 +164,24 @@ def whole_answer(
         content, calls = parse_tool_calls(text, parsed.tools)
         reason = "tool_calls" if calls else reason
     return full_response(ids, content, reason, counts, shown_ids, shown_logprobs, calls)
+
+
+MAX_BODY_BYTES = 32 << 20
+"""Largest request body read (a prompt of a million tokens as ids fits): past it, 413, read no
+further, so no client makes the controller hold an unbounded body."""
+
+
+async def read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
+        parts.append(part)
+    return b"".join(parts)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -77,8 +77,8 @@ class SamplingParams:
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequestError("top_k", f"must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k < 2**31:  # the workers' plans carry it as an int32
+            raise InvalidRequestError("top_k", f"must be in [0, 2**31), got {self.top_k}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequestError("seed", f"must be in [0, 2**64), got {self.seed}")
         for name in ("presence_penalty", "frequency_penalty"):

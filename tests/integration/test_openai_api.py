@@ -466,8 +466,8 @@ schemas = st.recursive(
 
 def test_structured_output_always_parses_under_its_schema(any_pp: Served) -> None:
     """Hypothesis over JSON schemas (objects, arrays, bounded integers and strings, enums),
-    through the official client's response_format at PP 1 and 2: every output is JSON valid under its
-    schema, though the model (random weights) would rarely write JSON by itself."""
+    through the official client's response_format at PP 1 and 2: every output is JSON valid
+    under its schema, though the model (random weights) would rarely write JSON by itself."""
     import jsonschema
 
     @settings(max_examples=int(os.environ.get("SARATHI_SCHEMA_CASES", "12")), deadline=None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,3 +365,24 @@ def test_without_logprobs_the_choice_logprobs_is_null() -> None:
         "/v1/completions", json={"prompt": "the"}
     )
     assert body.json()["choices"][0]["logprobs"] is None
+
+
+def test_a_body_over_the_limit_is_a_413_and_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.openai_api import routes
+
+    monkeypatch.setattr(routes, "MAX_BODY_BYTES", 1024)
+    engine = ScriptedEngine()
+    client = TestClient(build_app(make_state(engine)))
+    big = json.dumps({"prompt": "x" * 2000})
+    declared = client.post(
+        "/v1/completions", content=big, headers={"content-type": "application/json"}
+    )
+    assert declared.status_code == 413 and set(declared.json()["error"]) >= {"message", "type"}
+
+    def chunks() -> Iterator[bytes]:  # no content-length: counted as it streams in
+        for _ in range(5):
+            yield b" " * 400
+
+    streamed = client.post("/v1/completions", content=chunks())
+    assert streamed.status_code == 413
+    assert engine.added == []
