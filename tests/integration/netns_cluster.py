@@ -32,6 +32,12 @@ SKIP_REASON = netns_unavailable_reason() or (
     None if shutil.which("etcd") else "no etcd server (apt-get install etcd-server)"
 )
 
+# The marks of every module that runs a namespace cluster.
+NETNS_TEST_MARKS = [
+    pytest.mark.integration,
+    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
+]
+
 GRPC_PORT = 50051
 ETCD_PORT = 2379
 CONTROL_PORT = 5555

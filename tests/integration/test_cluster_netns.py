@@ -14,15 +14,12 @@ from controller.tokenizer import Tokenizer
 from tests.integration.cluster_factories import oracle_greedy
 from tests.integration.netns_cluster import (
     ETCD_PORT,
-    SKIP_REASON,
+    NETNS_TEST_MARKS,
     NamespacedCluster,
     namespaced_cluster,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
-]
+pytestmark = NETNS_TEST_MARKS
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.netns_cluster import (
-    SKIP_REASON,
+    NETNS_TEST_MARKS,
     NamespacedCluster,
     namespaced_cluster,
     wait_until,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
-]
+pytestmark = NETNS_TEST_MARKS
 
 LEADER_LEASE_S = 2
 MAX_TOKENS = 800  # long enough that all three stream at the kill

@@ -22,16 +22,13 @@ from sarathi_proto import generate_pb2
 
 from tests.integration.cluster_factories import oracle_greedy_many
 from tests.integration.netns_cluster import (
-    SKIP_REASON,
+    NETNS_TEST_MARKS,
     NamespacedCluster,
     namespaced_cluster,
     wait_until,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
-]
+pytestmark = NETNS_TEST_MARKS
 
 HEARTBEAT_TIMEOUT_S = 3.0
 CONTROLLER_TIMEOUT_S = 3.0
