@@ -54,12 +54,15 @@ class GrammarState:
             logger.error("token %d refused by its grammar: %s", token_id, self.error)
 
 
-def masked(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
-    """logits: [n, vocab] float32 -> a copy where each constrained row's disallowed tokens are
-    -inf, or logits itself when no row is constrained."""
+def masked(
+    logits: torch.Tensor, grammars: list[GrammarState | None], copy: bool = True
+) -> torch.Tensor:
+    """logits: [n, vocab] float32 -> each constrained row's disallowed tokens at -inf, in a copy
+    (in logits itself when copy is False: a copy made already), or logits itself when no row is
+    constrained."""
     if all(g is None for g in grammars):
         return logits
-    out = logits.clone()
+    out = logits.clone() if copy else logits
     for row, grammar in enumerate(grammars):
         if grammar is not None:
             allowed = grammar.allowed(out.shape[1]).to(out.device)

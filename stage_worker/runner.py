@@ -219,9 +219,9 @@ class StageRunner:
         states = [self.seqs[i] for i in step.sample_seq_ids]
         # The sampled token's position: right after the tokens this step computed.
         positions = [s.num_computed_tokens for s in states]
-        processed = masked(
-            adjusted(logits, [s.penalties for s in states]), [s.grammar for s in states]
-        )
+        processed = adjusted(logits, [s.penalties for s in states])
+        # logits stay as they are for the log-probabilities: copy once, whichever adjusts first.
+        processed = masked(processed, [s.grammar for s in states], copy=processed is logits)
         tokens = sample(processed, [s.sampling for s in states], positions)
         for state, token in zip(states, tokens, strict=True):
             if state.penalties is not None:

@@ -9,7 +9,8 @@ are those of that text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from controller.logprobs import TokenLogprobs
 from controller.openai_api.responses import Kind
@@ -34,6 +35,20 @@ class LogprobsFormatter:
         if self.kind == "chat":
             pairs = zip(token_ids, entries, strict=True)
             return {"content": [self._chat_entry(t, e) for t, e in pairs]}
+        return dict(self._columns(token_ids, entries))
+
+    def format_prompt(
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+    ) -> dict[str, object]:
+        """Completions' echo: the prompt's columns, its first token without a log-probability
+        (nothing comes before it), as OpenAI and vLLM show it."""
+        scored: list[TokenLogprobs | None] = [None, *entries] if token_ids else []
+        return dict(self._columns(token_ids, scored))
+
+    def _columns(
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None]
+    ) -> dict[str, list[Any]]:
+        """Completions' legacy columns; text offsets run on from the previous call."""
         texts = [self._text(t) for t in token_ids]
         offsets = []
         for text in texts:
@@ -41,34 +56,20 @@ class LogprobsFormatter:
             self.text_offset += len(text)
         return {
             "tokens": texts,
-            "token_logprobs": [e.logprob for e in entries],
+            "token_logprobs": [e.logprob if e else None for e in entries],
             "top_logprobs": [
                 {self._text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs, strict=True)}
+                if e
+                else None
                 for e in entries
             ],
             "text_offset": offsets,
         }
 
-    def format_prompt(
-        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
-    ) -> dict[str, object]:
-        """Completions' echo: the prompt's columns, its first token without a log-probability
-        (nothing comes before it), as OpenAI and vLLM show it."""
-        if not token_ids:
-            return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        first = self.format(token_ids[:1], [TokenLogprobs(0.0, (), ())])
-        rest = self.format(token_ids[1:], entries)
-        return {
-            "tokens": [*first["tokens"], *rest["tokens"]],  # type: ignore[misc]
-            "token_logprobs": [None, *rest["token_logprobs"]],  # type: ignore[misc]
-            "top_logprobs": [None, *rest["top_logprobs"]],  # type: ignore[misc]
-            "text_offset": [*first["text_offset"], *rest["text_offset"]],  # type: ignore[misc]
-        }
-
     @staticmethod
-    def join(first: dict[str, object], second: dict[str, object]) -> dict[str, object]:
+    def join(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, object]:
         """Two legacy logprobs objects as one (the echoed prompt, then the completion)."""
-        return {key: [*first[key], *second[key]] for key in first}  # type: ignore[misc]
+        return {key: [*first[key], *second[key]] for key in first}
 
     def _chat_entry(self, token_id: int, entry: TokenLogprobs) -> dict[str, object]:
         text = self._text(token_id)
