@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import zmq
@@ -386,17 +387,37 @@ class StageWorker:
         except ControllerChanged:
             self._leave_pipeline(links)
             raise
-        except ControllerLost:
-            raise
+        except ControllerLost as lost:
+            self._after_controller_lost(links, lost)
         except Exception:
-            # A peer died mid-step (gloo/NCCL error): torch.distributed cannot be trusted to
-            # clean up, so leave at once; the supervisor restarts this worker, which registers
-            # again and joins the rebuilt pipeline.
-            logger.exception("the pipeline broke; exiting to be restarted")
-            logging.shutdown()
-            os._exit(EXIT_PIPELINE_BROKEN)
+            self._after_pipeline_broke(links)
         self._leave_pipeline(links)
         return code
+
+    def _after_controller_lost(self, links: PipelineLinks, lost: ControllerLost) -> NoReturn:
+        """A dead controller's silence and its key's change in etcd come about together (its
+        heartbeat timeout and its lease): whichever is seen first, a successor is joined in
+        this process. Silence with the key unchanged ends the process (ControllerLost)."""
+        if self._next_controller is None or not self._changed.wait(
+            self.config.controller_timeout_s
+        ):
+            raise lost
+        self._leave_pipeline(links)
+        raise ControllerChanged from None
+
+    def _after_pipeline_broke(self, links: PipelineLinks) -> NoReturn:
+        if self._changed.is_set():
+            # A peer left first for the new controller: the break is expected; the watchdog
+            # in _leave_pipeline still ends the process if leaving hangs.
+            logger.warning("the pipeline broke as the controller changed; leaving it")
+            self._leave_pipeline(links)
+            raise ControllerChanged from None
+        # A peer died mid-step (gloo/NCCL error): torch.distributed cannot be trusted to clean
+        # up, so leave at once; the supervisor restarts this worker, which registers again and
+        # joins the rebuilt pipeline.
+        logger.exception("the pipeline broke; exiting to be restarted")
+        logging.shutdown()
+        os._exit(EXIT_PIPELINE_BROKEN)
 
     def _await_cache(self) -> stage_pb2.CacheAssignment | None:
         """The KV-cache size every worker allocates, or None when told to shut down first."""

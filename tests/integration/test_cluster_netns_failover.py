@@ -109,7 +109,8 @@ def test_the_standby_takes_over_and_every_stream_completes_through_resume(
         assert after["text"] == before["text"], prompt
     # The workers joined the new controller in their own processes (weights kept), not after a
     # restart; the killed controller came back as the standby.
-    assert cluster.restarts.get("s0", 0) == 0 and cluster.restarts.get("s1", 0) == 0
+    restarted = {w: cluster.restarts.get(w, 0) for w in ("s0", "s1")}
+    assert restarted == {"s0": 0, "s1": 0}, cluster.log_tails()
     wait_until(lambda: cluster.is_standby("ctl"), 60, "the old controller back as a standby")
     status = cluster.status("ctl2")
     assert status.serving and [s.host for s in status.stages] == [
