@@ -12,7 +12,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from controller.admission import AdmissionConfig, check_admission
@@ -60,6 +60,21 @@ class GenerationRequest:
     resume_token_ids: tuple[int, ...] = ()
     """A cut stream resumed: output tokens the client already has. They are recomputed with the
     prompt, count toward max_tokens and are not streamed again."""
+    n: int = 1
+    """Output sequences (choices) for the prompt, computed once and shared (see choice_params)."""
+
+    def choice_params(self, index: int) -> RequestParams:
+        """Choice `index`'s params: its seed is the request's plus the index (mod 2**64), so
+        each choice can be replayed alone as an n = 1 request with that seed (vLLM's rule);
+        only choice 0 scores the prompt."""
+        if index == 0:
+            return self.params
+        sampling = replace(
+            self.params.sampling,
+            seed=(self.params.sampling.seed + index) % 2**64,
+            prompt_logprobs=None,
+        )
+        return replace(self.params, sampling=sampling)
 
 
 class StreamEvent(NamedTuple):
@@ -79,20 +94,38 @@ class StreamEvent(NamedTuple):
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
     """First event only, when asked: each prompt token's from the second on (the first has
     nothing before it)."""
+    choice: int = 0
+    """The choice (0 .. n - 1) this event belongs to."""
 
 
 @dataclass
 class RequestHandle:
-    """What the API layer holds for a running request: its seq id and its event queue."""
+    """What the API layer holds for a running request: its event queue, which every choice
+    of it feeds (each event names its choice; each choice ends with one event that has a
+    finish_reason)."""
 
     request_id: str
-    seq_id: int
     arrival_time: float
-    text: TextStream
+    n: int = 1
     events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    num_finished: int = 0
+    """Choices whose last event is queued."""
+
+    @property
+    def finished(self) -> bool:
+        return self.num_finished == self.n
+
+
+@dataclass
+class ChoiceStream:
+    """The engine's side of one choice: its sequence, text stream and timings."""
+
+    request: RequestHandle
+    index: int
+    seq_id: int
+    text: TextStream
     first_token_time: float | None = None
     last_token_time: float | None = None
-    finished: bool = False
     num_streamed: int = 0
     """Output tokens streamed so far (the engine streams them after applying them)."""
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
@@ -125,8 +158,9 @@ class Engine:
         """When the pipeline had requests to serve: a stage idle then is in a bubble."""
         self.clock = clock
         self.started_at = clock()
-        self._handles: dict[int, RequestHandle] = {}
-        self._by_request_id: dict[str, RequestHandle] = {}
+        self._choices: dict[int, ChoiceStream] = {}
+        """The running choices, by seq id."""
+        self._by_request_id: dict[str, list[ChoiceStream]] = {}
         self._next_seq_id = 1
         self._wake = asyncio.Event()
         self._pending: list[tuple[float, list[Sequence]]] = []
@@ -149,6 +183,8 @@ class Engine:
         if request.request_id in self._by_request_id:
             raise ValueError(f"request_id {request.request_id!r} is already running")
         resumed = request.resume_token_ids
+        if request.n > 1 and resumed:
+            raise InvalidRequestError("resume_token_ids", "resumes one choice: needs n = 1")
         check_admission(
             self.admission,
             self.scheduler.num_waiting,
@@ -156,20 +192,29 @@ class Engine:
             len(request.prompt_token_ids) + len(resumed),
             self.pipeline_up,
         )
-        text = self._text_stream_after(request)
+        texts = [self._text_stream_after(request) for _ in range(request.n)]
         now = self.clock()
         if not self.scheduler.has_unfinished:
             self.last_progress_time = now  # the stall clock starts with the first request
-        seq_id = self._next_seq_id
-        self.scheduler.add_request(
-            seq_id, request.prompt_token_ids, request.params, now, output_token_ids=resumed
-        )
-        self._next_seq_id += 1
-        handle = RequestHandle(request.request_id, seq_id, now, text, num_streamed=len(resumed))
+        seq_ids = list(range(self._next_seq_id, self._next_seq_id + request.n))
+        if request.n == 1:
+            self.scheduler.add_request(
+                seq_ids[0], request.prompt_token_ids, request.params, now, output_token_ids=resumed
+            )
+        else:
+            params = [request.choice_params(i) for i in range(request.n)]
+            self.scheduler.add_request_group(seq_ids, request.prompt_token_ids, params, now)
+        self._next_seq_id += request.n
+        handle = RequestHandle(request.request_id, now, request.n)
+        choices = [
+            ChoiceStream(handle, i, seq_id, text, num_streamed=len(resumed))
+            for i, (seq_id, text) in enumerate(zip(seq_ids, texts, strict=True))
+        ]
         if request.params.sampling.prompt_logprobs is not None:
-            handle.prompt_logprobs = {}
-        self._handles[seq_id] = handle
-        self._by_request_id[request.request_id] = handle
+            choices[0].prompt_logprobs = {}
+        for choice in choices:
+            self._choices[choice.seq_id] = choice
+        self._by_request_id[request.request_id] = choices
         self._wake.set()
         return handle
 
@@ -186,14 +231,16 @@ class Engine:
         return text
 
     def abort(self, request_id: str) -> bool:
-        """Ends a request at the next step boundary: work in flight completes on every stage and
-        is ignored, so no stage's work is ever cancelled alone."""
-        handle = self._by_request_id.get(request_id)
-        if handle is None:
+        """Ends a request (every choice) at the next step boundary: work in flight completes on
+        every stage and is ignored, so no stage's work is ever cancelled alone."""
+        choices = self._by_request_id.get(request_id)
+        if choices is None:
             return False
-        seq = self.scheduler.abort(handle.seq_id, FinishReason.ABORT)
-        if seq is not None:
-            self._finish(handle, seq, "", self.clock())
+        now = self.clock()
+        for choice in list(choices):
+            seq = self.scheduler.abort(choice.seq_id, FinishReason.ABORT)
+            if seq is not None:
+                self._finish(choice, seq, "", now)
         self._wake.set()
         return True
 
@@ -232,15 +279,15 @@ class Engine:
         result for a sequence preempted meanwhile is not applied, so indices never go stale)."""
         for seq in updated:
             entry = logprobs.get(seq.seq_id)
-            handle = self._handles.get(seq.seq_id)
-            if entry is not None and handle is not None:
-                handle.logprobs[len(seq.output_token_ids) - 1] = entry
+            choice = self._choices.get(seq.seq_id)
+            if entry is not None and choice is not None:
+                choice.logprobs[len(seq.output_token_ids) - 1] = entry
 
     def _keep_prompt_logprobs(self, chunks: dict[int, dict[int, TokenLogprobs]]) -> None:
         for seq_id, entries in chunks.items():
-            handle = self._handles.get(seq_id)
-            if handle is not None and handle.prompt_logprobs is not None:
-                handle.prompt_logprobs.update(entries)  # a recompute scores them again: same
+            choice = self._choices.get(seq_id)
+            if choice is not None and choice.prompt_logprobs is not None:
+                choice.prompt_logprobs.update(entries)  # a recompute scores them again: same
 
     def stream_pending(self) -> None:
         """Streams the tokens of every result applied since the last call, in order."""
@@ -250,33 +297,39 @@ class Engine:
         streaming = wall_clock()
         detokenize_s = 0.0
         pending, self._pending = self._pending, []
-        handles = self._handles
+        choices = self._choices
         for now, seqs in pending:
             for seq in seqs:
-                handle = handles.get(seq.seq_id)
-                if handle is None:
+                choice = choices.get(seq.seq_id)
+                if choice is None:
                     continue  # aborted, or ended by an earlier token's stop string
                 # Each pending entry holds one token of each of its sequences, in order; a later
-                # result may have appended more since, so the handle counts what it streamed.
+                # result may have appended more since, so the choice counts what it streamed.
                 outputs = seq.output_token_ids
-                index = handle.num_streamed
+                index = choice.num_streamed
                 token_id = outputs[index]
-                handle.num_streamed = index + 1
+                choice.num_streamed = index + 1
                 last = index == len(outputs) - 1 and seq.finish_reason is not None
-                self._record_latency(handle, now, len(seq.prompt_token_ids))
+                self._record_latency(choice, now, len(seq.prompt_token_ids))
                 pushing = wall_clock()
-                text, hit_stop = handle.text.push(token_id)
+                text, hit_stop = choice.text.push(token_id)
                 detokenize_s += wall_clock() - pushing
                 if hit_stop and not last:
                     self.scheduler.abort(seq.seq_id, FinishReason.STOP)
                     self._wake.set()  # its KV blocks are free for others
-                logprobs = handle.logprobs.pop(index, None) if handle.logprobs else None
-                prompt = self._take_prompt_logprobs(handle, len(seq.prompt_token_ids))
+                logprobs = choice.logprobs.pop(index, None) if choice.logprobs else None
+                prompt = self._take_prompt_logprobs(choice, len(seq.prompt_token_ids))
                 if hit_stop or last:
-                    self._finish(handle, seq, text, now, token_id, hit_stop, logprobs, prompt)
+                    self._finish(choice, seq, text, now, token_id, hit_stop, logprobs, prompt)
                 else:
-                    handle.events.put_nowait(
-                        StreamEvent(text, [token_id], logprobs=logprobs, prompt_logprobs=prompt)
+                    choice.request.events.put_nowait(
+                        StreamEvent(
+                            text,
+                            [token_id],
+                            logprobs=logprobs,
+                            prompt_logprobs=prompt,
+                            choice=choice.index,
+                        )
                     )
         self.phases.detokenize_s += detokenize_s
         self.phases.stream_s += wall_clock() - streaming - detokenize_s
@@ -284,31 +337,32 @@ class Engine:
 
     @staticmethod
     def _take_prompt_logprobs(
-        handle: RequestHandle, num_prompt: int
+        choice: ChoiceStream, num_prompt: int
     ) -> tuple[TokenLogprobs, ...] | None:
         """The prompt's log-probabilities for the first event, once; None for later ones."""
-        entries = handle.prompt_logprobs
+        entries = choice.prompt_logprobs
         if entries is None:
             return None
-        handle.prompt_logprobs = None
+        choice.prompt_logprobs = None
         return tuple(entries[p] for p in range(1, num_prompt) if p in entries)
 
-    def _record_latency(self, handle: RequestHandle, now: float, num_prompt_tokens: int) -> None:
-        if handle.first_token_time is None:
-            handle.first_token_time = now
-            self.latency.add_ttft(now, now - handle.arrival_time)
+    def _record_latency(self, choice: ChoiceStream, now: float, num_prompt_tokens: int) -> None:
+        if choice.first_token_time is None:
+            choice.first_token_time = now
+            ttft_s = now - choice.request.arrival_time
+            self.latency.add_ttft(now, ttft_s)
             if self.metrics:
-                self.metrics.on_first_token(now - handle.arrival_time, num_prompt_tokens)
+                self.metrics.on_first_token(ttft_s, num_prompt_tokens)
         else:
-            assert handle.last_token_time is not None
-            self.latency.add_tbt(now, now - handle.last_token_time)
+            assert choice.last_token_time is not None
+            self.latency.add_tbt(now, now - choice.last_token_time)
             if self.metrics:
-                self.metrics.on_token_gap(now - handle.last_token_time)
-        handle.last_token_time = now
+                self.metrics.on_token_gap(now - choice.last_token_time)
+        choice.last_token_time = now
 
     def _finish(
         self,
-        handle: RequestHandle,
+        choice: ChoiceStream,
         seq: Sequence,
         text: str,
         now: float,
@@ -319,14 +373,16 @@ class Engine:
     ) -> None:
         assert seq.finish_reason is not None
         if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
-            text += handle.text.finish()
+            text += choice.text.finish()
         num_output = len(seq.output_token_ids)
-        ttft = (handle.first_token_time - handle.arrival_time) if handle.first_token_time else 0.0
+        request = choice.request
+        first, last = choice.first_token_time, choice.last_token_time
+        ttft = (first - request.arrival_time) if first is not None else 0.0
         mean_tbt = 0.0
-        if num_output > 1 and handle.first_token_time is not None:
-            assert handle.last_token_time is not None
-            mean_tbt = (handle.last_token_time - handle.first_token_time) / (num_output - 1)
-        handle.events.put_nowait(
+        if num_output > 1 and first is not None:
+            assert last is not None
+            mean_tbt = (last - first) / (num_output - 1)
+        request.events.put_nowait(
             StreamEvent(
                 text,
                 [] if token_id is None else [token_id],
@@ -338,11 +394,15 @@ class Engine:
                 (seq.first_scheduled_time or now) - seq.arrival_time,
                 logprobs,
                 prompt_logprobs,
+                choice.index,
             )
         )
-        handle.finished = True
-        del self._handles[handle.seq_id]
-        del self._by_request_id[handle.request_id]
+        request.num_finished += 1
+        del self._choices[choice.seq_id]
+        siblings = self._by_request_id[request.request_id]
+        siblings.remove(choice)
+        if not siblings:
+            del self._by_request_id[request.request_id]
         if self.metrics:
             queue_s = (seq.first_scheduled_time or now) - seq.arrival_time
             self.metrics.on_finished(seq.finish_reason.value, queue_s)
@@ -408,4 +468,4 @@ class Engine:
 
     @property
     def num_active_requests(self) -> int:
-        return len(self._handles)
+        return len(self._by_request_id)

@@ -73,6 +73,15 @@ class KVCache:
             self.data.numel() * self.data.element_size() / 2**20,
         )
 
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Block dst[i] becomes a copy of block src[i], K and V of every layer (copy-on-write
+        of a forked sequence's partial block)."""
+        device = self.data.device
+        src_t = torch.tensor(src, dtype=torch.int64, device=device)
+        dst_t = torch.tensor(dst, dtype=torch.int64, device=device)
+        # [num_layers, 2, len(src), block_size, kv_heads, head_dim]
+        self.data[:, :, dst_t] = self.data[:, :, src_t]
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of local layer `index`: each [num_blocks + 1, block_size, kv_heads, head_dim]."""
         return self.data[index, 0], self.data[index, 1]

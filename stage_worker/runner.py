@@ -81,13 +81,18 @@ class StageRunner:
         for seq_id in plan.finished_seq_ids:
             self.seqs.pop(seq_id, None)
         self._validate(plan)
+        if plan.copy_from_blocks:
+            self.kv_cache.copy_blocks(list(plan.copy_from_blocks), list(plan.copy_to_blocks))
         device = self.model.device
         for s in plan.seqs:
             if s.HasField("sampling"):
                 sp = s.sampling
                 top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
                 spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
-                state = SeqState([], 0, spec, self._penalties(sp), self._grammar(sp))
+                # A forked sequence (n > 1) starts past the prompt positions it shares.
+                state = SeqState(
+                    [], s.first_position, spec, self._penalties(sp), self._grammar(sp)
+                )
                 if sp.HasField("prompt_logprobs") and self.model.shard.is_last:
                     state.prompt_token_ids = list(sp.prompt_token_ids)
                     state.prompt_top_k = sp.prompt_logprobs
@@ -136,6 +141,15 @@ class StageRunner:
                 len(s.token_ids), s.HasField("sampling"), seen,
             )  # fmt: skip
         self._validate_decodes(plan, seen)
+        copies = (plan.copy_from_blocks, plan.copy_to_blocks)
+        if len(copies[0]) != len(copies[1]):
+            raise PlanError(f"batch {plan.batch_id}: block copies of different lengths")
+        bad = [b for b in (*copies[0], *copies[1]) if b >= self.kv_cache.num_blocks]
+        if bad:
+            raise PlanError(
+                f"batch {plan.batch_id}: a block copy names block {bad[0]}, beyond the cache of "
+                f"{self.kv_cache.num_blocks} blocks"
+            )
 
     def _validate_decodes(self, plan: stage_pb2.StepPlan, seen: set[int]) -> None:
         d, batch_id = plan.decodes, plan.batch_id
@@ -179,7 +193,9 @@ class StageRunner:
                 f"batch {batch_id}: sequence {seq_id} names block {bad[0]}, beyond the "
                 f"cache of {num_blocks} blocks"
             )
-        computed = state.num_computed_tokens if state else 0
+        # A new sequence may start past 0: a forked one's earlier positions are in shared or
+        # copied blocks, which its block table (all in this chunk) must cover.
+        computed = state.num_computed_tokens if state else first_position
         num_blocks_after = (len(state.block_ids) if state else 0) + len(new_block_ids)
         if first_position != computed or num_tokens < 1:
             raise PlanError(

@@ -13,6 +13,9 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
     token ids (with_token_ids); later stages receive activations instead. The decode block goes
     as packed columns; other chunks as one record each."""
     plan = stage_pb2.StepPlan(batch_id=batch.batch_id, finished_seq_ids=batch.finished_seq_ids)
+    if batch.block_copies:
+        plan.copy_from_blocks.extend(src for src, _ in batch.block_copies)
+        plan.copy_to_blocks.extend(dst for _, dst in batch.block_copies)
     add = plan.seqs.add
     for chunk in batch.other_chunks:
         seq = add(

@@ -78,6 +78,7 @@ class MicroBatch:
         "_chunks",
         "batch_id",
         "decodes",
+        "block_copies",
         "decodes_at",
         "finished_seq_ids",
         "num_tokens",
@@ -92,6 +93,7 @@ class MicroBatch:
         num_tokens: int,
         decodes: DecodeBlock | None = None,
         decodes_at: int = 0,
+        block_copies: list[tuple[int, int]] | None = None,
     ) -> None:
         self.batch_id = batch_id
         self.finished_seq_ids = finished_seq_ids
@@ -100,6 +102,9 @@ class MicroBatch:
         self.num_tokens = num_tokens
         self.decodes = decodes
         self.decodes_at = decodes_at
+        self.block_copies = block_copies or []
+        """KV blocks (from, to) every stage copies before this micro-batch's forward pass: the
+        partial prompt block of each sequence forked since the previous one (n > 1)."""
         self._chunks = chunks
         self._all: list[ScheduledChunk] | None = None
 

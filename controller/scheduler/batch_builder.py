@@ -407,6 +407,9 @@ class BatchBuilder:
         sampling = None
         history = None
         if seq.needs_worker_state:
+            # The workers meet the sequence here: its whole block table comes with it (a forked
+            # sequence's shared blocks too).
+            new_block_ids = tuple(seq.block_ids)
             sampling = seq.params.sampling
             seq.needs_worker_state = False
             if sampling.needs_history:
@@ -430,6 +433,8 @@ class BatchBuilder:
         self.num_prompt_tokens += num_tokens
         seq.num_computed_tokens = end
         seq.num_inflight_batches += 1
+        if end >= len(seq.prompt_token_ids) and seq.seq_id in self._sched.forks:
+            self._sched.forking.append(seq)  # its n - 1 siblings fork once the batch is built
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = self._now
         self.num_tokens += num_tokens

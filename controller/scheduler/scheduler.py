@@ -73,6 +73,16 @@ class Scheduler:
         self._finished_since_last_batch: list[int] = []
         self._next_batch_id = 1
         self.num_preemptions = 0
+        self.forks: dict[int, list[Sequence]] = {}
+        """A request's sequences 2..n (n > 1), held until the first one's prompt is scheduled
+        whole, by the first one's seq id (see add_request_group)."""
+        self._held: dict[int, int] = {}
+        """Each held sequence's leader."""
+        self.forking: list[Sequence] = []
+        """Leaders whose prompt the micro-batch being built schedules whole (BatchBuilder)."""
+        self._pending_copies: dict[int, tuple[int, int]] = {}
+        """KV block copies (from, to) the next micro-batch makes before its forward pass, by
+        the forked sequence they are for."""
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -86,11 +96,51 @@ class Scheduler:
         """Queues a request; raises InvalidRequestError (nothing queued) if it can never be served.
         seq_id must never be reused, even after the sequence finished. output_token_ids: a resumed
         request's tokens so far, recomputed with the prompt as after a preemption."""
+        outputs = list(output_token_ids)
+        self._check_request(seq_id, prompt_token_ids, params, outputs)
+        seq = Sequence(seq_id, prompt_token_ids, params, now)
+        seq.output_token_ids = outputs
+        self.waiting.append(seq)
+        self._live[seq_id] = seq
+        return seq
+
+    def add_request_group(
+        self,
+        seq_ids: list[int],
+        prompt_token_ids: list[int],
+        params: list[RequestParams],
+        now: float,
+    ) -> list[Sequence]:
+        """n sequences of one prompt (a request with n > 1), each with its own params (its own
+        seed). The first computes the prompt; the others wait, and once its prompt is scheduled
+        whole they fork from it: each shares its full KV blocks, gets a copy of the partial one
+        and computes only the last prompt token itself, which yields its first token. Raises
+        InvalidRequestError (nothing queued) as add_request does."""
+        if len(seq_ids) != len(params) or not seq_ids:
+            raise ValueError(f"{len(seq_ids)} seq ids for {len(params)} params")
+        for seq_id, seq_params in zip(seq_ids, params, strict=True):
+            self._check_request(seq_id, prompt_token_ids, seq_params, [])
+        if len(set(seq_ids)) != len(seq_ids):
+            raise InvalidRequestError("request_id", f"sequence ids {seq_ids} repeat")
+        leader = self.add_request(seq_ids[0], prompt_token_ids, params[0], now)
+        followers = [
+            Sequence(seq_id, prompt_token_ids, seq_params, now)
+            for seq_id, seq_params in zip(seq_ids[1:], params[1:], strict=True)
+        ]
+        if followers:
+            self.forks[leader.seq_id] = followers
+        for seq in followers:
+            self._live[seq.seq_id] = seq
+            self._held[seq.seq_id] = leader.seq_id
+        return [leader, *followers]
+
+    def _check_request(
+        self, seq_id: int, prompt_token_ids: list[int], params: RequestParams, outputs: list[int]
+    ) -> None:
         if not prompt_token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if params.max_tokens < 1:
             raise InvalidRequestError("max_tokens", f"must be >= 1, got {params.max_tokens}")
-        outputs = list(output_token_ids)
         if len(outputs) >= params.max_tokens:
             raise InvalidRequestError(
                 "resume_token_ids",
@@ -119,11 +169,6 @@ class Scheduler:
             )
         if seq_id in self._live:
             raise InvalidRequestError("request_id", f"sequence {seq_id} is already running")
-        seq = Sequence(seq_id, prompt_token_ids, params, now)
-        seq.output_token_ids = outputs
-        self.waiting.append(seq)
-        self._live[seq_id] = seq
-        return seq
 
     def abort(self, seq_id: int, reason: FinishReason = FinishReason.ABORT) -> Sequence | None:
         """Ends a sequence in any state (also used for stop strings, which the engine detects).
@@ -132,7 +177,12 @@ class Scheduler:
         seq = self._live.get(seq_id)
         if seq is None:
             return None
-        if seq.status is SequenceStatus.WAITING:
+        leader_id = self._held.pop(seq_id, None)
+        if leader_id is not None:
+            self.forks[leader_id].remove(seq)
+            if not self.forks[leader_id]:
+                del self.forks[leader_id]
+        elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self._finish(seq, reason)
         return seq
@@ -153,8 +203,16 @@ class Scheduler:
             builder.num_tokens,
             builder.decodes,
             builder.decodes_at,
+            list(self._pending_copies.values()),
         )
         self._finished_since_last_batch = []
+        self._pending_copies = {}
+        if self.forking:
+            # After the batch: a forked sequence's first step must come after (on every stage)
+            # the step that writes the KV it shares and copies.
+            for leader in self.forking:
+                self._fork(leader)
+            self.forking = []
         self._next_batch_id += 1
         self._inflight[batch.batch_id] = batch
         if self.spread_decodes:
@@ -361,6 +419,43 @@ class Scheduler:
             return None
         return max(candidates, key=lambda s: (s.arrival_time, s.seq_id))
 
+    # ---- n > 1: forks ---------------------------------------------------------------------
+    def _fork(self, leader: Sequence) -> None:
+        """The leader's prompt is scheduled whole: its held sequences start from it. Each
+        shares the blocks wholly before the last prompt position, gets a copy of the block
+        holding that position (made by the next micro-batch) and computes that one token
+        itself, for its first token. One that finds no block or no place among the running
+        sequences is queued to compute its prompt alone."""
+        followers = self.forks.pop(leader.seq_id, [])
+        bm = self.block_manager
+        last = len(leader.prompt_token_ids) - 1
+        num_shared = last // bm.block_size
+        shared = leader.block_ids[:num_shared]
+        copy_from = leader.block_ids[num_shared] if last % bm.block_size else None
+        alone: list[Sequence] = []
+        for seq in followers:
+            del self._held[seq.seq_id]
+            if len(self.running) >= self.config.max_num_seqs or not bm.can_admit(1):
+                alone.append(seq)
+                continue
+            bm.share(shared)
+            own = bm.allocate_one()
+            seq.block_ids = [*shared, own]
+            if copy_from is not None:
+                self._pending_copies[seq.seq_id] = (copy_from, own)
+            seq.num_computed_tokens = last
+            seq.status = SequenceStatus.RUNNING
+            self.admit(seq)
+        self.waiting.extendleft(reversed(alone))
+
+    def _release_held(self, leader: Sequence) -> None:
+        """The leader ended before its prompt was scheduled whole: the sequences waiting for it
+        are queued first, to compute the prompt themselves."""
+        followers = self.forks.pop(leader.seq_id, [])
+        for seq in followers:
+            del self._held[seq.seq_id]
+        self.waiting.extendleft(reversed(followers))
+
     # ---- membership -----------------------------------------------------------------------
     def admit(self, seq: Sequence) -> None:
         """seq (holding its KV blocks now) joins the running sequences, last in order."""
@@ -383,6 +478,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: free its blocks, forget its progress, put it first in the queue."""
         self._stop_running(seq)
+        self._pending_copies.pop(seq.seq_id, None)
         self.block_manager.free(seq.block_ids)
         seq.block_ids = []
         seq.num_computed_tokens = 0
@@ -396,6 +492,9 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self._stop_running(seq)
+        self._pending_copies.pop(seq.seq_id, None)
+        if seq.seq_id in self.forks:
+            self._release_held(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.free(seq.block_ids)
@@ -438,7 +537,13 @@ class Scheduler:
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq
             assert seq.num_computed_tokens == 0, seq
-        assert len(self.running) + len(self.waiting) == len(self._live)
+        held = [seq for followers in self.forks.values() for seq in followers]
+        assert sorted(s.seq_id for s in held) == sorted(self._held), "held sequences differ"
+        for seq in held:
+            assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq
+            assert self._held[seq.seq_id] in self._live, f"{seq} waits for an ended leader"
+        assert len(self.running) + len(self.waiting) + len(held) == len(self._live)
+        assert self._pending_copies.keys() <= self.running.keys(), "a copy for a stopped seq"
         self.roster.check_invariants()
         on_roster = [s for s in self.running.values() if s._roster is not None]
         assert len(on_roster) == self.roster.size

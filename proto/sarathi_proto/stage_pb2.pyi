@@ -107,18 +107,22 @@ class DecodeColumns(_message.Message):
     def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., positions: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., new_block_at: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("batch_id", "seqs", "finished_seq_ids", "decodes", "decodes_at")
+    __slots__ = ("batch_id", "seqs", "finished_seq_ids", "decodes", "decodes_at", "copy_from_blocks", "copy_to_blocks")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     DECODES_FIELD_NUMBER: _ClassVar[int]
     DECODES_AT_FIELD_NUMBER: _ClassVar[int]
+    COPY_FROM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COPY_TO_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[ScheduledSeq]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     decodes: DecodeColumns
     decodes_at: int
-    def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., decodes: _Optional[_Union[DecodeColumns, _Mapping]] = ..., decodes_at: _Optional[int] = ...) -> None: ...
+    copy_from_blocks: _containers.RepeatedScalarFieldContainer[int]
+    copy_to_blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., decodes: _Optional[_Union[DecodeColumns, _Mapping]] = ..., decodes_at: _Optional[int] = ..., copy_from_blocks: _Optional[_Iterable[int]] = ..., copy_to_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("batch_id", "seq_ids", "token_ids", "logprob_rows", "logprobs", "top_counts", "top_token_ids", "top_logprobs", "prompt_logprobs")

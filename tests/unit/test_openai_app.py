@@ -43,7 +43,7 @@ class ScriptedEngine:
 
     def add(self, request: GenerationRequest) -> RequestHandle:
         self.added.append(request)
-        handle = RequestHandle(request.request_id, len(self.added), 0.0, NoText())
+        handle = RequestHandle(request.request_id, 0.0)
         for i, text in enumerate(self.deltas):
             last = i == len(self.deltas) - 1 and self.finish is not None
             asked = request.params.sampling.top_logprobs is not None
@@ -57,7 +57,7 @@ class ScriptedEngine:
                     logprobs=TokenLogprobs(-0.5 * (i + 1), (i, 7), (-0.5, -2.0)) if asked else None,
                 )
             )
-        handle.finished = self.finish is not None
+        handle.num_finished = int(self.finish is not None)
         self.handles[request.request_id] = handle
         return handle
 
@@ -65,7 +65,7 @@ class ScriptedEngine:
         self.aborted.append(request_id)
         handle = self.handles[request_id]
         if not handle.finished:
-            handle.finished = True
+            handle.num_finished = 1
             handle.events.put_nowait(StreamEvent("", [], FinishReason.ABORT))
         return True
 

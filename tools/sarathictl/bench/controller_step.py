@@ -144,9 +144,10 @@ def step(engine: Engine, link: Link) -> float | None:
 
 def drain(engine: Engine) -> None:
     """The API side's part, outside the step: the streams take their events."""
-    for handle in engine._handles.values():
-        while not handle.events.empty():
-            handle.events.get_nowait()
+    for choice in engine._choices.values():
+        events = choice.request.events
+        while not events.empty():
+            events.get_nowait()
 
 
 @dataclass
