@@ -21,6 +21,8 @@ from controller.scheduler import InvalidRequestError, RequestParams, SamplingPar
 
 MAX_LOGIT_BIAS = 300
 """Most tokens one request may bias (OpenAI's limit)."""
+MAX_N = 128
+"""Most choices one request may ask for (OpenAI's limit)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def build_generation_request(
     penalties: Penalties | None = None,
     grammar: str | None = None,
     prompt_logprobs: int | None = None,
+    n: int = 1,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
@@ -80,6 +83,10 @@ def build_generation_request(
     ended). logprobs: None, or how many alternatives each token's log-probability comes with.
     grammar: structured output, compiled by controller/grammar.py."""
     penalties = penalties or Penalties()
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequestError("n", f"must be in [1, {MAX_N}], got {n}")
+    if n > 1 and resume_token_ids:
+        raise InvalidRequestError("resume_token_ids", "resumes one choice: needs n = 1")
     if len(penalties.logit_bias) > MAX_LOGIT_BIAS:
         raise InvalidRequestError(
             "logit_bias", f"{len(penalties.logit_bias)} tokens; at most {MAX_LOGIT_BIAS} allowed"
@@ -129,7 +136,12 @@ def build_generation_request(
         sampling=sampling,
     )
     return GenerationRequest(
-        request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop), tuple(resume_token_ids)
+        request_id or uuid.uuid4().hex,
+        prompt_ids,
+        params,
+        tuple(stop),
+        tuple(resume_token_ids),
+        n,
     )
 
 
@@ -173,6 +185,7 @@ def to_generation_request(
         ),
         grammar=grpc_grammar(req) if req.HasField("structured_output") else None,
         prompt_logprobs=req.prompt_logprobs if req.HasField("prompt_logprobs") else None,
+        n=req.n or 1,  # proto3: 0 means unset
     )
 
 

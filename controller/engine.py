@@ -211,7 +211,10 @@ class Engine:
             for i, (seq_id, text) in enumerate(zip(seq_ids, texts, strict=True))
         ]
         if request.params.sampling.prompt_logprobs is not None:
-            choices[0].prompt_logprobs = {}
+            # Choice 0 scores the prompt; every choice's first event carries the scores.
+            scores: dict[int, TokenLogprobs] = {}
+            for choice in choices:
+                choice.prompt_logprobs = scores
         for choice in choices:
             self._choices[choice.seq_id] = choice
         self._by_request_id[request.request_id] = choices

@@ -15,7 +15,8 @@ from sarathi_proto import generate_pb2, generate_pb2_grpc
 from controller.admission import AdmissionError, QueueFullError
 from controller.api_request import RequestLimits, to_generation_request
 from controller.engine import Engine
-from controller.scheduler import FinishReason, InvalidRequestError
+from controller.grpc_stream import ShuttingDown, responses
+from controller.scheduler import InvalidRequestError
 from controller.security import BearerTokenInterceptor
 from controller.stage_report import public_phases, stage_shares
 from controller.telemetry import percentile
@@ -26,12 +27,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
-
-_FINISH = {
-    FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
-    FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
-    FinishReason.ABORT: generate_pb2.FINISH_REASON_ABORT,
-}
 
 
 class GenerationService(generate_pb2_grpc.GenerationServicer):
@@ -89,46 +84,15 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         except ValueError as err:  # a request id that is already running
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
             return
-        # The first message says which seed the request runs with, for a resume.
-        seed: int | None = generation.params.sampling.seed
         try:
-            while True:
-                event = await handle.events.get()
-                response = generate_pb2.GenerateResponse(
-                    request_id=handle.request_id, text=event.text, token_ids=event.token_ids
-                )
-                if seed is not None:
-                    response.seed, seed = seed, None
-                if event.prompt_logprobs is not None:
-                    for lp in event.prompt_logprobs:
-                        response.prompt_logprobs.add(
-                            logprob=lp.logprob,
-                            top_token_ids=lp.top_token_ids,
-                            top_logprobs=lp.top_logprobs,
-                        )
-                if event.logprobs is not None:
-                    lp = event.logprobs
-                    response.logprobs.add(
-                        logprob=lp.logprob,
-                        top_token_ids=lp.top_token_ids,
-                        top_logprobs=lp.top_logprobs,
-                    )
-                if event.finish_reason is FinishReason.ABORT and self.shutting_down:
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"
-                    )
-                if event.finish_reason is not None:
-                    response.finish_reason = _FINISH[event.finish_reason]
-                    response.ttft_s = event.ttft_s
-                    response.mean_tbt_s = event.mean_tbt_s
-                    response.num_prompt_tokens = event.num_prompt_tokens
-                    response.num_output_tokens = event.num_output_tokens
-                    response.scheduling_delay_s = event.scheduling_delay_s
-                    yield response
-                    return
+            async for response in responses(handle, generation, lambda: self.shutting_down):
                 yield response
+        except ShuttingDown:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"
+            )
         finally:
-            # A cancelled call or a passed deadline lands here: free the sequence everywhere.
+            # A cancelled call or a passed deadline lands here: free the sequences everywhere.
             if not handle.finished:
                 engine.abort(handle.request_id)
 

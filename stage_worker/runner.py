@@ -90,9 +90,7 @@ class StageRunner:
                 top_logprobs = sp.top_logprobs if sp.HasField("top_logprobs") else -1
                 spec = SamplingSpec(sp.temperature, sp.top_p, sp.top_k, sp.seed, top_logprobs)
                 # A forked sequence (n > 1) starts past the prompt positions it shares.
-                state = SeqState(
-                    [], s.first_position, spec, self._penalties(sp), self._grammar(sp)
-                )
+                state = SeqState([], s.first_position, spec, self._penalties(sp), self._grammar(sp))
                 if sp.HasField("prompt_logprobs") and self.model.shard.is_last:
                     state.prompt_token_ids = list(sp.prompt_token_ids)
                     state.prompt_top_k = sp.prompt_logprobs

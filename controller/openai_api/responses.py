@@ -53,19 +53,23 @@ class ResponseIds:
         return header
 
 
-def full_response(
+def choice_body(
     ids: ResponseIds,
+    index: int,
     text: str | None,
     finish_reason: str,
-    usage_counts: dict[str, int],
     token_ids: list[int] | None = None,
     logprobs: dict[str, object] | None = None,
     tool_calls: list[dict[str, object]] | None = None,
 ) -> dict[str, object]:
-    """A non-streamed answer; token_ids: the output's ids, when the request asked for them;
-    logprobs: OpenAI's logprobs object, when it asked for them; tool_calls: chat's, read out of
-    the text (which is then only what is left beside them, or None)."""
-    choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+    """One choice of a non-streamed answer; token_ids: the output's ids, when the request asked
+    for them; logprobs: OpenAI's logprobs object, when it asked for them; tool_calls: chat's,
+    read out of the text (which is then only what is left beside them, or None)."""
+    choice: dict[str, object] = {
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":
@@ -75,7 +79,14 @@ def full_response(
         if tool_calls:
             message["tool_calls"] = tool_calls
         choice["message"] = message
-    return {**ids.header(chunk=False), "choices": [choice], "usage": usage_counts}
+    return choice
+
+
+def full_response(
+    ids: ResponseIds, choices: list[dict[str, object]], usage_counts: dict[str, int]
+) -> dict[str, object]:
+    """A non-streamed answer: its choices (choice_body), in index order, and the usage."""
+    return {**ids.header(chunk=False), "choices": choices, "usage": usage_counts}
 
 
 def chunk(
@@ -88,13 +99,19 @@ def chunk(
     token_ids: list[int] | None = None,
     logprobs: dict[str, object] | None = None,
     tool_calls: list[dict[str, object]] | None = None,
+    index: int = 0,
 ) -> dict[str, object]:
-    """One streamed choice delta. role: the chat stream's first chunk, which names the speaker.
-    include_usage: the request asked for a usage chunk, so every other chunk has `usage: null`.
+    """One streamed delta of choice `index`. role: the chat stream's first chunk, which names
+    the speaker. include_usage: the request asked for a usage chunk, so every other chunk has
+    `usage: null`.
     token_ids: the ids this chunk's text came from, when the request asked for them; logprobs:
     theirs, as OpenAI's logprobs object, when it asked for them; tool_calls: chat's calls, each
     whole (with its `index`)."""
-    choice: dict[str, object] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+    choice: dict[str, object] = {
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
     if token_ids is not None:
         choice["token_ids"] = token_ids
     if ids.kind == "completion":

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from controller.admission import PipelineDownError, QueueFullError
 from controller.api_request import RequestLimits
+from controller.logprobs import TokenLogprobs
 from controller.openai_api.errors import (
     ApiError,
     error_response,
@@ -29,6 +30,7 @@ from controller.openai_api.logprobs import LogprobsFormatter
 from controller.openai_api.responses import (
     Kind,
     ResponseIds,
+    choice_body,
     finish_reason_name,
     full_response,
     usage,
@@ -120,7 +122,7 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     seed = sampling.seed if parsed.return_token_ids else None
     ids = ResponseIds(handle.request_id, state.model_name, kind, seed=seed)
     formatter = None
-    if sampling.top_logprobs is not None:
+    if sampling.top_logprobs is not None and parsed.show_logprobs:
         formatter = LogprobsFormatter(serving.tokenizer, kind)
     if parsed.stream:
         options = StreamOptions(
@@ -131,39 +133,66 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    answer = await collect(handle, serving.engine, request.receive)
-    return JSONResponse(whole_answer(ids, parsed, answer, formatter))
+    answers = await collect(handle, serving.engine, request.receive)
+    return JSONResponse(whole_answer(ids, parsed, answers, formatter))
 
 
 def whole_answer(
-    ids: ResponseIds, parsed: ParsedRequest, answer: Answer, formatter: LogprobsFormatter | None
+    ids: ResponseIds,
+    parsed: ParsedRequest,
+    answers: list[Answer],
+    formatter: LogprobsFormatter | None,
 ) -> dict[str, object]:
-    """A non-streamed body: with echo, the prompt first (alone, for max_tokens 0)."""
+    """A non-streamed body: every choice (with best_of, the n most likely of those run), and
+    the usage of all that ran."""
+    num_prompt = answers[0].last.num_prompt_tokens
+    prompt_only = parsed.echo is not None and parsed.echo.prompt_only
+    num_output = 0 if prompt_only else sum(a.last.num_output_tokens for a in answers)
+    shown = answers
+    if len(answers) > parsed.n:  # best_of: the highest sum of sampled-token log-probabilities
+        shown = sorted(answers, key=lambda a: -sum(lp.logprob for lp in a.logprobs))
+        shown = shown[: parsed.n]
+    prompt_logprobs = answers[0].prompt_logprobs  # choice 0 scored the prompt
+    choices = [
+        _choice(ids, parsed, i, answer, prompt_logprobs, formatter)
+        for i, answer in enumerate(shown)
+    ]
+    return full_response(ids, choices, usage(num_prompt, num_output))
+
+
+def _choice(
+    ids: ResponseIds,
+    parsed: ParsedRequest,
+    index: int,
+    answer: Answer,
+    prompt_logprobs: tuple[TokenLogprobs, ...],
+    formatter: LogprobsFormatter | None,
+) -> dict[str, object]:
+    """One choice: with echo, the prompt first (alone, for max_tokens 0)."""
     last = answer.last
     assert last.finish_reason is not None
     echo = parsed.echo
     text, token_ids, logprobs = answer.text, answer.token_ids, answer.logprobs
-    num_output, reason = last.num_output_tokens, finish_reason_name(last.finish_reason)
+    reason = finish_reason_name(last.finish_reason)
     if echo is not None and echo.prompt_only:
-        text, token_ids, logprobs, num_output, reason = "", [], [], 0, "length"
+        text, token_ids, logprobs, reason = "", [], [], "length"
     shown_logprobs = None
-    if formatter is not None:  # text offsets run on: the echoed prompt's come first
-        prompt = None
+    if formatter is not None:
+        prompt = None  # text offsets run on: the echoed prompt's come first
         if echo is not None:
-            prompt = formatter.format_prompt(echo.prompt_token_ids, answer.prompt_logprobs)
+            prompt = formatter.format_prompt(echo.prompt_token_ids, prompt_logprobs)
         shown_logprobs = formatter.format(token_ids, logprobs)
         if prompt is not None:
             shown_logprobs = formatter.join(prompt, shown_logprobs)
     if echo is not None:
         text = echo.prompt_text + text
-    counts = usage(last.num_prompt_tokens, num_output)
     shown_ids = token_ids if parsed.return_token_ids else None
     content: str | None = text
     calls: list[dict[str, object]] = []
     if parsed.tools is not None:
         content, calls = parse_tool_calls(text, parsed.tools)
         reason = "tool_calls" if calls else reason
-    return full_response(ids, content, reason, counts, shown_ids, shown_logprobs, calls)
+    return choice_body(ids, index, content, reason, shown_ids, shown_logprobs, calls)
 
 
 MAX_BODY_BYTES = 32 << 20

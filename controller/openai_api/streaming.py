@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.types import Receive
 
@@ -81,36 +81,52 @@ class DisconnectWatch:
 
 @dataclass
 class Answer:
-    """A whole answer, collected."""
+    """A whole answer of one choice, collected."""
 
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs]
     """One per token, when the request asked for them (else empty)."""
     prompt_logprobs: tuple[TokenLogprobs, ...]
-    """The prompt's from its second token on, when asked (else empty)."""
+    """The prompt's from its second token on, when asked (else empty; choice 0 carries them)."""
     last: StreamEvent
     """The last event: finish reason and counts."""
 
 
-async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -> Answer:
-    """Waits for the whole answer."""
-    watch = DisconnectWatch(receive, engine, handle)
-    parts = []
-    token_ids: list[int] = []
-    logprobs: list[TokenLogprobs] = []
+@dataclass
+class _Collecting:
+    parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+
+    def add(self, event: StreamEvent) -> Answer | None:
+        """Takes one event; the whole answer once it is the last."""
+        self.parts.append(event.text)
+        self.token_ids += event.token_ids
+        if event.logprobs is not None:
+            self.logprobs.append(event.logprobs)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
+        if event.finish_reason is None:
+            return None
+        return Answer(
+            "".join(self.parts), self.token_ids, self.logprobs, self.prompt_logprobs, event
+        )
+
+
+async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -> list[Answer]:
+    """Waits for every choice's whole answer; returns them in index order."""
+    watch = DisconnectWatch(receive, engine, handle)
+    collecting = [_Collecting() for _ in range(handle.n)]
+    answers: dict[int, Answer] = {}
     try:
-        while True:
+        while len(answers) < handle.n:
             event = await handle.events.get()
-            parts.append(event.text)
-            token_ids += event.token_ids
-            if event.logprobs is not None:
-                logprobs.append(event.logprobs)
-            if event.prompt_logprobs is not None:
-                prompt_logprobs = event.prompt_logprobs
-            if event.finish_reason is not None:
-                return Answer("".join(parts), token_ids, logprobs, prompt_logprobs, event)
+            answer = collecting[event.choice].add(event)
+            if answer is not None:
+                answers[event.choice] = answer
+        return [answers[i] for i in range(handle.n)]
     finally:
         watch.close()
 
@@ -141,51 +157,97 @@ async def sse_stream(
     receive: Receive,
     options: StreamOptions,
 ) -> AsyncIterator[str]:
-    """The request's chunks as SSE lines, then `data: [DONE]`. Cancelled (the response task
-    stopped) or closed early, the `finally` aborts the sequence."""
+    """The request's chunks as SSE lines: each choice's deltas as they come (each naming its
+    index), its finishing chunk when it ends, and after the last one the usage (when asked)
+    and `data: [DONE]`. Cancelled (the response task stopped) or closed early, the `finally`
+    aborts the request."""
     watch = DisconnectWatch(receive, engine, handle)
-    usage_null = options.include_usage
+    n = handle.n
+    choices = [_ChoiceState(options.echo) for _ in range(n)]
+    num_prompt = num_output = num_ended = 0
     try:
         if ids.kind == "chat":  # OpenAI's first chat chunk names the speaker before any text
-            yield sse(chunk(ids, text="", role=True, include_usage=usage_null))
-        echo = options.echo
-        held: list[str] = []
-        while True:
-            event = await handle.events.get()
-            if echo is not None:
-                yield sse(_echo_chunk(ids, options, echo, event))
-                if echo.prompt_only:
-                    for line in _end(ids, options, "length", len(echo.prompt_token_ids), 0):
-                        yield line
-                    return
-                echo = None
-            if options.tools is not None:
-                held.append(event.text)
-            elif event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
+            for index in range(n):
                 yield sse(
+                    chunk(ids, text="", role=True, include_usage=options.include_usage, index=index)
+                )
+        while num_ended < n:
+            event = await handle.events.get()
+            state = choices[event.choice]
+            for line in state.lines(ids, options, event):
+                yield line
+            if not state.ended:
+                continue
+            num_ended += 1
+            if watch.disconnected:  # nobody is listening for the end
+                return
+            num_prompt = state.num_prompt
+            num_output += state.num_output
+        if options.include_usage:
+            yield sse(usage_chunk(ids, usage(num_prompt, num_output)))
+        yield SSE_DONE
+    finally:
+        watch.close()
+
+
+class _ChoiceState:
+    """One choice of a streamed answer: its echo still to send, and its text held for tools."""
+
+    def __init__(self, echo: Echo | None) -> None:
+        self.echo = echo
+        self.held: list[str] = []
+        self.ended = False
+        self.num_prompt = 0
+        self.num_output = 0
+
+    def lines(self, ids: ResponseIds, options: StreamOptions, event: StreamEvent) -> list[str]:
+        """The SSE lines for one of this choice's events."""
+        if self.ended:
+            return []  # a prompt-only echo already ended this choice
+        index, usage_null = event.choice, options.include_usage
+        lines = []
+        echo, self.echo = self.echo, None
+        if echo is not None:
+            lines.append(sse(_echo_chunk(ids, options, echo, event)))
+            if echo.prompt_only:
+                self._end(len(echo.prompt_token_ids), 0)
+                return [*lines, _finishing(ids, options, "length", index)]
+        if options.tools is not None:
+            self.held.append(event.text)
+        elif event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
+            token_ids = event.token_ids if options.return_token_ids else None
+            logprobs = _logprobs_of(event, options.logprobs)
+            lines.append(
+                sse(
                     chunk(
                         ids,
                         text=event.text,
                         include_usage=usage_null,
-                        token_ids=event.token_ids if options.return_token_ids else None,
-                        logprobs=_logprobs_of(event, options.logprobs),
+                        token_ids=token_ids,
+                        logprobs=logprobs,
+                        index=index,
                     )
                 )
-            if event.finish_reason is None:
-                continue
-            if not watch.disconnected:  # else nobody is listening for the end
-                reason = finish_reason_name(event.finish_reason)
-                if options.tools is not None:
-                    content, calls = parse_tool_calls("".join(held), options.tools)
-                    yield sse(chunk(ids, text=content, include_usage=usage_null, tool_calls=calls))
-                    reason = "tool_calls" if calls else reason
-                for line in _end(
-                    ids, options, reason, event.num_prompt_tokens, event.num_output_tokens
-                ):
-                    yield line
-            return
-    finally:
-        watch.close()
+            )
+        if event.finish_reason is None:
+            return lines
+        self._end(event.num_prompt_tokens, event.num_output_tokens)
+        reason = finish_reason_name(event.finish_reason)
+        if options.tools is not None:
+            content, calls = parse_tool_calls("".join(self.held), options.tools)
+            lines.append(
+                sse(
+                    chunk(
+                        ids, text=content, include_usage=usage_null, tool_calls=calls, index=index
+                    )
+                )
+            )
+            reason = "tool_calls" if calls else reason
+        return [*lines, _finishing(ids, options, reason, index)]
+
+    def _end(self, num_prompt: int, num_output: int) -> None:
+        self.ended = True
+        self.num_prompt, self.num_output = num_prompt, num_output
 
 
 def _echo_chunk(
@@ -197,18 +259,23 @@ def _echo_chunk(
             echo.prompt_token_ids, event.prompt_logprobs
         )
     return chunk(
-        ids, text=echo.prompt_text, include_usage=options.include_usage, logprobs=prompt_logprobs
+        ids,
+        text=echo.prompt_text,
+        include_usage=options.include_usage,
+        logprobs=prompt_logprobs,
+        index=event.choice,
     )
 
 
-def _end(
-    ids: ResponseIds, options: StreamOptions, reason: str, num_prompt: int, num_output: int
-) -> list[str]:
-    """The finishing chunk, the usage chunk when asked, and [DONE]."""
+def _finishing(ids: ResponseIds, options: StreamOptions, reason: str, index: int) -> str:
+    """A choice's last chunk: its finish reason."""
     last_text = "" if ids.kind == "completion" else None
-    lines = [
-        sse(chunk(ids, text=last_text, finish_reason=reason, include_usage=options.include_usage))
-    ]
-    if options.include_usage:
-        lines.append(sse(usage_chunk(ids, usage(num_prompt, num_output))))
-    return [*lines, SSE_DONE]
+    return sse(
+        chunk(
+            ids,
+            text=last_text,
+            finish_reason=reason,
+            include_usage=options.include_usage,
+            index=index,
+        )
+    )

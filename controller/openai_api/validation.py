@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api_request import (
+    MAX_N,
     Penalties,
     RequestLimits,
     build_generation_request,
@@ -42,8 +43,6 @@ TOP_K_MAX = 2**31 - 1
 
 # Field -> the values that mean "not used", the only ones accepted.
 _NO_OP_VALUES: dict[str, tuple[object, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
     "suffix": (None, ""),
 }
 
@@ -57,7 +56,7 @@ _KNOWN_FIELDS = frozenset(
         "guided_regex", "guided_choice",
         "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "stream",
         "stream_options", "ignore_eos", "user", "metadata", "store", "service_tier",
-        "parallel_tool_calls", "resume_token_ids", "return_token_ids",
+        "parallel_tool_calls", "resume_token_ids", "return_token_ids", "n", "best_of",
     }
 )  # fmt: skip
 _logged_unknown: set[str] = set()
@@ -89,6 +88,10 @@ class ParsedRequest:
     """Completions' echo: the answer starts with the prompt (and its log-probabilities)."""
     tools: ToolSpec | None = None
     """Chat's tools: the answer's text is read for tool calls."""
+    n: int = 1
+    """Choices answered; the generation runs more with best_of (and answers the n likeliest)."""
+    show_logprobs: bool = True
+    """False when log-probabilities were asked for only to rank best_of's choices."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,10 @@ def _finish(
     top_k = _optional_int(fields, "top_k") or 0  # vLLM's extension; 0 disables it
     if top_k > TOP_K_MAX:  # JSON has no int32 bound; the workers' plans do
         raise bad_field("top_k", f"must be at most {TOP_K_MAX}, got {top_k}")
+    n, best_of = _choices(fields, stream)
+    show_logprobs = logprobs is not None
+    if best_of > n and logprobs is None:
+        logprobs = 0  # best_of ranks the choices by their sampled tokens' log-probabilities
     generation = build_generation_request(
         prompt_ids,
         limits,
@@ -242,9 +249,33 @@ def _finish(
         penalties=_penalties(fields),
         grammar=grammar or _grammar(fields),
         prompt_logprobs=prompt_logprobs,
+        n=best_of,
     )
     return_token_ids = _optional_bool(fields, "return_token_ids") or False
-    return ParsedRequest(generation, stream, include_usage, return_token_ids)
+    return ParsedRequest(
+        generation,
+        stream,
+        include_usage,
+        return_token_ids,
+        n=n,
+        show_logprobs=show_logprobs,
+    )
+
+
+def _choices(fields: Mapping[str, Any], stream: bool) -> tuple[int, int]:
+    """(n, best_of): choices answered, and sequences run to pick them from."""
+    n = _optional_int(fields, "n")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
+        raise bad_field("n", f"must be in [1, {MAX_N}], got {n}")
+    best_of = _optional_int(fields, "best_of")
+    if best_of is None:
+        return n, n
+    if not n <= best_of <= MAX_N:
+        raise bad_field("best_of", f"must be in [n, {MAX_N}] (n is {n}), got {best_of}")
+    if best_of > n and stream:
+        raise bad_field("best_of", "cannot be streamed: the best are known only at the end")
+    return n, best_of
 
 
 def _grammar(fields: Mapping[str, Any]) -> str | None:

@@ -42,31 +42,36 @@ class ScriptedEngine:
     handles: dict[str, RequestHandle] = field(default_factory=dict)
 
     def add(self, request: GenerationRequest) -> RequestHandle:
+        """Choice c of n streams `deltas`, token t with log-probability
+        -0.5 * (t + 1) - (n - 1 - c): the last choice is the likeliest."""
         self.added.append(request)
-        handle = RequestHandle(request.request_id, 0.0)
+        handle = RequestHandle(request.request_id, 0.0, request.n)
+        asked = request.params.sampling.top_logprobs is not None
         for i, text in enumerate(self.deltas):
             last = i == len(self.deltas) - 1 and self.finish is not None
-            asked = request.params.sampling.top_logprobs is not None
-            handle.events.put_nowait(
-                StreamEvent(
-                    text,
-                    [i],
-                    self.finish if last else None,
-                    num_prompt_tokens=len(request.prompt_token_ids),
-                    num_output_tokens=len(self.deltas),
-                    logprobs=TokenLogprobs(-0.5 * (i + 1), (i, 7), (-0.5, -2.0)) if asked else None,
+            for choice in range(request.n):
+                logprob = -0.5 * (i + 1) - (request.n - 1 - choice)
+                handle.events.put_nowait(
+                    StreamEvent(
+                        text,
+                        [i],
+                        self.finish if last else None,
+                        num_prompt_tokens=len(request.prompt_token_ids),
+                        num_output_tokens=len(self.deltas),
+                        logprobs=TokenLogprobs(logprob, (i, 7), (-0.5, -2.0)) if asked else None,
+                        choice=choice,
+                    )
                 )
-            )
-        handle.num_finished = int(self.finish is not None)
+        handle.num_finished = request.n if self.finish is not None else 0
         self.handles[request.request_id] = handle
         return handle
 
     def abort(self, request_id: str) -> bool:
         self.aborted.append(request_id)
         handle = self.handles[request_id]
-        if not handle.finished:
-            handle.num_finished = 1
-            handle.events.put_nowait(StreamEvent("", [], FinishReason.ABORT))
+        for choice in range(handle.num_finished, handle.n):
+            handle.events.put_nowait(StreamEvent("", [], FinishReason.ABORT, choice=choice))
+        handle.num_finished = handle.n
         return True
 
 
@@ -174,16 +179,82 @@ def test_streamed_completion_without_usage_has_no_usage_field() -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_n_above_one_is_a_400_naming_n_and_queues_nothing(path: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"n": 1, "best_of": 2, "stream": True}, "best_of"),
+    ],
+)
+def test_a_bad_n_or_best_of_is_a_400_naming_it_and_queues_nothing(
+    path: str, fields: dict[str, object], param: str
+) -> None:
     engine = ScriptedEngine()
-    response = TestClient(build_app(make_state(engine))).post(
-        path, json={"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "n": 2}
-    )
+    body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], **fields}
+    response = TestClient(build_app(make_state(engine))).post(path, json=body)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["param"] == "n" and error["type"] == "invalid_request_error"
-    assert "n" in error["message"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
     assert engine.added == []
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_n_choices_each_with_its_index_and_usage_counting_them_all(path: str) -> None:
+    engine = ScriptedEngine()
+    body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "n": 3}
+    answer = TestClient(build_app(make_state(engine))).post(path, json=body).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    texts = [c.get("text") or c["message"]["content"] for c in answer["choices"]]
+    assert texts == ["Hello world"] * 3
+    assert answer["usage"]["completion_tokens"] == 3 * 3
+    assert answer["usage"]["prompt_tokens"] == len(engine.added[0].prompt_token_ids)
+    assert engine.added[0].n == 3
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_n_streamed_choices_each_end_with_their_own_finish_then_done(path: str) -> None:
+    engine = ScriptedEngine()
+    body = {
+        "prompt": "hi",
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    response = TestClient(build_app(make_state(engine))).post(path, json=body)
+    chunks = sse_bodies(response.text)
+    by_index: dict[int, list[dict]] = {0: [], 1: []}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        by_index[choice["index"]].append(choice)
+    for choices in by_index.values():
+        text = "".join(c.get("text") or c.get("delta", {}).get("content") or "" for c in choices)
+        assert text == "Hello world"
+        assert [c["finish_reason"] for c in choices].count("length") == 1
+        assert choices[-1]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_best_of_answers_the_likeliest_and_hides_the_logprobs_it_ranked_by() -> None:
+    engine = ScriptedEngine()
+    body = {"prompt": "hi", "n": 2, "best_of": 4}
+    answer = TestClient(build_app(make_state(engine))).post("/v1/completions", json=body).json()
+    assert engine.added[0].n == 4
+    assert engine.added[0].params.sampling.top_logprobs == 0  # asked for, to rank
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert all(c["logprobs"] is None for c in answer["choices"])
+    assert answer["usage"]["completion_tokens"] == 4 * 3  # every sequence run counts
+
+
+def test_best_of_picks_by_summed_logprobs() -> None:
+    engine = ScriptedEngine()
+    body = {"prompt": "hi", "n": 1, "best_of": 3, "logprobs": 0}
+    answer = TestClient(build_app(make_state(engine))).post("/v1/completions", json=body).json()
+    (choice,) = answer["choices"]
+    # The last choice is the likeliest: its tokens are -0.5, -1.0, -1.5 (choice 0's -2.5 ...).
+    assert choice["logprobs"]["token_logprobs"] == [-0.5, -1.0, -1.5]
 
 
 def test_a_body_that_is_not_json_is_a_400() -> None:

@@ -138,7 +138,7 @@ def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
 @pytest.mark.parametrize(
     ("fields", "field_name"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 200}, "n"),
         ({"temperature": -1}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
@@ -159,7 +159,7 @@ def test_stream_options_stop_strings_and_extensions_are_honoured() -> None:
         ({"logprobs": 21}, "logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"best_of": 2}, "best_of"),
+        ({"best_of": 0}, "best_of"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"frequency_penalty": "x"}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),

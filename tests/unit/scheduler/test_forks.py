@@ -41,9 +41,9 @@ class FakeKVCache:
             table.extend(chunk.new_block_ids)
             for i, token_id in enumerate(chunk.token_ids):
                 pos = chunk.first_position + i
-                self.blocks.setdefault(table[pos // self.block_size], {})[
-                    pos % self.block_size
-                ] = token_id
+                self.blocks.setdefault(table[pos // self.block_size], {})[pos % self.block_size] = (
+                    token_id
+                )
             self.tokens_computed += chunk.num_tokens
             seq = self.sched.get(chunk.seq_id)
             assert seq is not None
@@ -147,7 +147,7 @@ def test_aborting_the_leader_before_its_prompt_is_done_queues_the_others_alone()
 def test_aborting_a_waiting_follower_leaves_the_others() -> None:
     sched = create_scheduler(budget_tokens=64)
     pipe = KVPipeline(sched)
-    leader, f1, f2 = add_group(sched, 1, 20, n=3, max_tokens=4)
+    _, f1, f2 = add_group(sched, 1, 20, n=3, max_tokens=4)
     assert sched.abort(f1.seq_id) is f1
     sched.check_invariants()
     pipe.run_to_completion()

@@ -1,0 +1,62 @@
+"""One Generate call's responses: the engine's events as GenerateResponse messages."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from sarathi_proto import generate_pb2
+
+from controller.engine import GenerationRequest, RequestHandle, StreamEvent
+from controller.scheduler import FinishReason
+
+_FINISH = {
+    FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
+    FinishReason.ABORT: generate_pb2.FINISH_REASON_ABORT,
+}
+
+
+class ShuttingDown(Exception):
+    """The controller aborted the request to shut down: the call ends UNAVAILABLE (retry)."""
+
+
+async def responses(
+    handle: RequestHandle, generation: GenerationRequest, shutting_down: Callable[[], bool]
+) -> AsyncIterator[generate_pb2.GenerateResponse]:
+    """Every choice's messages as they come, until each has ended; raises ShuttingDown when the
+    controller's shutdown aborted the request."""
+    # Each choice's first message says which seed it runs with, for a resume.
+    unseeded = set(range(generation.n))
+    while not handle.finished:
+        event = await handle.events.get()
+        response = to_response(handle.request_id, event)
+        if event.choice in unseeded:
+            unseeded.discard(event.choice)
+            response.seed = generation.choice_params(event.choice).sampling.seed
+        if event.finish_reason is FinishReason.ABORT and shutting_down():
+            raise ShuttingDown
+        yield response
+
+
+def to_response(request_id: str, event: StreamEvent) -> generate_pb2.GenerateResponse:
+    response = generate_pb2.GenerateResponse(
+        request_id=request_id, text=event.text, token_ids=event.token_ids, index=event.choice
+    )
+    if event.prompt_logprobs is not None:
+        for lp in event.prompt_logprobs:
+            response.prompt_logprobs.add(
+                logprob=lp.logprob, top_token_ids=lp.top_token_ids, top_logprobs=lp.top_logprobs
+            )
+    if event.logprobs is not None:
+        lp = event.logprobs
+        response.logprobs.add(
+            logprob=lp.logprob, top_token_ids=lp.top_token_ids, top_logprobs=lp.top_logprobs
+        )
+    if event.finish_reason is not None:
+        response.finish_reason = _FINISH[event.finish_reason]
+        response.ttft_s = event.ttft_s
+        response.mean_tbt_s = event.mean_tbt_s
+        response.num_prompt_tokens = event.num_prompt_tokens
+        response.num_output_tokens = event.num_output_tokens
+        response.scheduling_delay_s = event.scheduling_delay_s
+    return response
