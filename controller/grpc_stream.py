@@ -27,8 +27,10 @@ async def responses(
     controller's shutdown aborted the request."""
     # Each choice's first message says which seed it runs with, for a resume.
     unseeded = set(range(generation.n))
-    while not handle.finished:
+    num_ended = 0  # read, not queued: handle.finished may be true with events still queued
+    while num_ended < generation.n:
         event = await handle.events.get()
+        num_ended += event.finish_reason is not None
         response = to_response(handle.request_id, event)
         if event.choice in unseeded:
             unseeded.discard(event.choice)

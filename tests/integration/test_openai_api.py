@@ -207,7 +207,7 @@ def test_seed_makes_sampled_answers_repeatable(served: Served) -> None:
     [
         ({"temperature": -1}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 129}, "n"),
         ({"max_tokens": 5000}, "max_tokens"),  # prompt + 5000 > max_model_len (1024)
         ({"stop": [f"s{i}" for i in range(20)]}, "stop"),
         ({"messages": []}, "messages"),
@@ -600,3 +600,70 @@ def test_required_and_named_tool_calls_through_the_official_client(any_pp: Serve
     deltas = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
     assert deltas and deltas[0].function is not None and deltas[0].function.name == "get_weather"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_n_choices_share_the_prompt_and_each_replays_alone_with_its_seed(any_pp: Served) -> None:
+    """PP 1 and 2: a prompt of several KV blocks (the full ones shared, the partial one copied)
+    sampled n = 3 ways; each choice equals an n = 1 request with the seed plus its index, and
+    so does each gRPC choice, streamed interleaved, with its own seed and index."""
+    prompt = list(range(3, 3 + 37))  # blocks of 16: two full blocks shared, one copied
+    args: dict[str, Any] = {
+        "max_tokens": 12,
+        "temperature": 0.9,
+        "extra_body": {"ignore_eos": True},
+    }
+    answer = any_pp.client.completions.create(
+        model=any_pp.model, prompt=prompt, n=3, seed=77, logprobs=0, **args
+    )
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert answer.usage is not None and answer.usage.completion_tokens == 36
+
+    def alone(seed: int) -> str:
+        reply = any_pp.client.completions.create(
+            model=any_pp.model, prompt=prompt, n=1, seed=seed, **args
+        )
+        return reply.choices[0].text
+
+    texts = [c.text for c in answer.choices]
+    assert texts == [alone(77 + i) for i in range(3)]
+    assert len(set(texts)) > 1, "three sampled choices came out the same"
+
+    sampling = generate_pb2.SamplingParams(temperature=0.9, seed=77)
+    stream = list(
+        any_pp.grpc_stub.Generate(
+            generate_pb2.GenerateRequest(
+                prompt_token_ids=prompt, max_tokens=12, ignore_eos=True, sampling=sampling, n=3
+            ),
+            timeout=120,
+        )
+    )
+    by_index: dict[int, list[generate_pb2.GenerateResponse]] = {0: [], 1: [], 2: []}
+    for response in stream:
+        by_index[response.index].append(response)
+    assert [by_index[i][0].seed for i in range(3)] == [77, 78, 79]
+    assert ["".join(r.text for r in by_index[i]) for i in range(3)] == texts
+    assert all(by_index[i][-1].finish_reason == generate_pb2.FINISH_REASON_LENGTH for i in range(3))
+
+
+def test_n_greedy_choices_equal_the_one_greedy_answer_streamed_or_not(any_pp: Served) -> None:
+    """PP 1 and 2: greedy choices are all the greedy answer (the transformers-checked one of
+    test_logprobs...), through chat streamed per index, and best_of picks among them."""
+    args: dict[str, Any] = {"model": any_pp.model, "max_tokens": 10, "temperature": 0.0}
+    one = any_pp.client.chat.completions.create(messages=QUESTION, **args)
+    expected = one.choices[0].message.content
+    many = any_pp.client.chat.completions.create(messages=QUESTION, n=2, **args)
+    assert [c.message.content for c in many.choices] == [expected, expected]
+    stream = any_pp.client.chat.completions.create(messages=QUESTION, n=2, stream=True, **args)
+    texts = {0: "", 1: ""}
+    finishes = {0: 0, 1: 0}
+    for part in stream:
+        for choice in part.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finishes[choice.index] += choice.finish_reason is not None
+    assert texts == {0: expected, 1: expected} and finishes == {0: 1, 1: 1}
+    best = any_pp.client.completions.create(
+        model=any_pp.model, prompt=QUESTION_TEXT, max_tokens=6, temperature=1.0, seed=3,
+        n=1, best_of=3,
+    )  # fmt: skip
+    assert len(best.choices) == 1 and best.choices[0].logprobs is None
+    assert best.usage is not None and best.usage.completion_tokens == 18
