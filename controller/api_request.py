@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from sarathi_proto import generate_pb2
 
 from controller.engine import GenerationRequest
 from controller.grammar import compile_grammar
 from controller.scheduler import InvalidRequestError, RequestParams, SamplingParams
+from controller.tool_calls import ToolSpec, parse_tools, tool_grammar
 
 MAX_LOGIT_BIAS = 300
 """Most tokens one request may bias (OpenAI's limit)."""
@@ -145,19 +147,57 @@ def build_generation_request(
     )
 
 
+class PromptEncoder(Protocol):
+    def __call__(
+        self, text: str, apply_chat_template: bool, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """A prompt's token ids: as is, or in the chat template (offered the tools)."""
+        ...
+
+
+def grpc_tools(req: generate_pb2.GenerateRequest) -> ToolSpec | None:
+    """GenerateRequest.tools_json and tool_choice; None without tools (or with "none")."""
+    if not req.tools_json:
+        if req.tool_choice not in ("", "auto", "none"):
+            raise InvalidRequestError("tool_choice", "needs tools_json")
+        return None
+    if not req.apply_chat_template:
+        raise InvalidRequestError("tools_json", "needs a text prompt and apply_chat_template")
+    try:
+        tools = json.loads(req.tools_json)
+    except json.JSONDecodeError as err:
+        raise InvalidRequestError("tools_json", f"is not JSON: {err}") from err
+    choice: object = req.tool_choice or "auto"
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    return parse_tools({"tools": tools, "tool_choice": choice})
+
+
 def to_generation_request(
     req: generate_pb2.GenerateRequest,
     limits: RequestLimits,
-    encode: Callable[[str, bool], list[int]],
+    encode: PromptEncoder,
+    tools: ToolSpec | None = None,
 ) -> GenerationRequest:
-    """Validates and tokenizes; raises InvalidRequestError naming the field. encode(text,
-    apply_chat_template) tokenizes a prompt."""
+    """Validates and tokenizes; raises InvalidRequestError naming the field. encode tokenizes a
+    prompt; tools: grpc_tools(req), offered to the chat template (and their grammar enforced)."""
     if req.prompt and req.prompt_token_ids:
         raise InvalidRequestError("prompt", "set either prompt or prompt_token_ids, not both")
     if req.prompt_token_ids and req.apply_chat_template:
         raise InvalidRequestError("apply_chat_template", "needs a text prompt")
+    grammar = grpc_grammar(req) if req.HasField("structured_output") else None
+    if tools is not None:
+        tool_grammar_ = tool_grammar(tools)
+        if tool_grammar_ is not None and grammar is not None:
+            raise InvalidRequestError(
+                "tool_choice", "a required tool call and structured_output exclude each other"
+            )
+        grammar = grammar or tool_grammar_
     if req.prompt:
-        prompt_ids = encode(req.prompt, req.apply_chat_template)
+        if tools is None:
+            prompt_ids = encode(req.prompt, req.apply_chat_template)
+        else:
+            prompt_ids = encode(req.prompt, req.apply_chat_template, tools.tools)
     else:
         prompt_ids = list(req.prompt_token_ids)
         check_prompt_token_ids(prompt_ids, limits)
@@ -183,7 +223,7 @@ def to_generation_request(
             dict(s.logit_bias),
             s.min_tokens,
         ),
-        grammar=grpc_grammar(req) if req.HasField("structured_output") else None,
+        grammar=grammar,
         prompt_logprobs=req.prompt_logprobs if req.HasField("prompt_logprobs") else None,
         n=req.n or 1,  # proto3: 0 means unset
     )

@@ -8,6 +8,7 @@ from sarathi_proto import generate_pb2
 
 from controller.engine import GenerationRequest, RequestHandle, StreamEvent
 from controller.scheduler import FinishReason
+from controller.tool_calls import ToolSpec, parse_tool_calls
 
 _FINISH = {
     FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
@@ -21,12 +22,16 @@ class ShuttingDown(Exception):
 
 
 async def responses(
-    handle: RequestHandle, generation: GenerationRequest, shutting_down: Callable[[], bool]
+    handle: RequestHandle,
+    generation: GenerationRequest,
+    tools: ToolSpec | None,
+    shutting_down: Callable[[], bool],
 ) -> AsyncIterator[generate_pb2.GenerateResponse]:
-    """Every choice's messages as they come, until each has ended; raises ShuttingDown when the
-    controller's shutdown aborted the request."""
+    """Every choice's messages as they come, until each has ended (with tools, its last message
+    lists its calls); raises ShuttingDown when the controller's shutdown aborted the request."""
     # Each choice's first message says which seed it runs with, for a resume.
     unseeded = set(range(generation.n))
+    texts: list[list[str]] = [[] for _ in range(generation.n)]
     num_ended = 0  # read, not queued: handle.finished may be true with events still queued
     while num_ended < generation.n:
         event = await handle.events.get()
@@ -37,6 +42,15 @@ async def responses(
             response.seed = generation.choice_params(event.choice).sampling.seed
         if event.finish_reason is FinishReason.ABORT and shutting_down():
             raise ShuttingDown
+        if tools is not None:
+            texts[event.choice].append(event.text)
+            if event.finish_reason is not None:
+                _, calls = parse_tool_calls("".join(texts[event.choice]), tools)
+                for call in calls:
+                    function = call["function"]
+                    response.tool_calls.add(
+                        id=call["id"], name=function["name"], arguments=function["arguments"]
+                    )
         yield response
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
 from controller.admission import AdmissionError, QueueFullError
-from controller.api_request import RequestLimits, to_generation_request
+from controller.api_request import PromptEncoder, RequestLimits, grpc_tools, to_generation_request
 from controller.engine import Engine
 from controller.grpc_stream import ShuttingDown, responses
 from controller.scheduler import InvalidRequestError
@@ -37,7 +37,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         self.engine: Engine | None = None
         self.pipeline: PipelineExecutor | None = None
         self.limits: RequestLimits | None = None
-        self.encode: Callable[[str, bool], list[int]] | None = None
+        self.encode: PromptEncoder | None = None
         self.started_at = time.monotonic()
         self.problem = "the pipeline is not ready yet"
         """Why the controller is not serving (set by the health watch); empty while serving."""
@@ -48,7 +48,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         engine: Engine,
         pipeline: PipelineExecutor,
         limits: RequestLimits,
-        encode: Callable[[str, bool], list[int]],
+        encode: PromptEncoder,
     ) -> None:
         self.engine, self.pipeline, self.limits, self.encode = engine, pipeline, limits, encode
 
@@ -66,7 +66,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
             return
         try:
-            generation = to_generation_request(request, self.limits, self.encode)
+            tools = grpc_tools(request)
+            generation = to_generation_request(request, self.limits, self.encode, tools)
             handle = engine.add(generation)
         except AdmissionError as err:
             # The retry hint, in seconds, as HTTP's Retry-After; also in the message for people.
@@ -85,7 +86,7 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
             return
         try:
-            async for response in responses(handle, generation, lambda: self.shutting_down):
+            async for response in responses(handle, generation, tools, lambda: self.shutting_down):
                 yield response
         except ShuttingDown:
             await context.abort(

@@ -104,11 +104,14 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
-    def encode_prompt(self, text: str, apply_chat_template: bool) -> list[int]:
-        """A Generate prompt's ids: as is, or wrapped as one user message in the chat template."""
+    def encode_prompt(
+        self, text: str, apply_chat_template: bool, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """A Generate prompt's ids: as is, or wrapped as one user message in the chat template
+        (offered the tools, when given)."""
         if not apply_chat_template:
             return self.encode(text)
-        rendered = self.apply_chat_template([{"role": "user", "content": text}])
+        rendered = self.apply_chat_template([{"role": "user", "content": text}], tools=tools)
         return self.encode(rendered, add_special_tokens=False)
 
     def _literal(self) -> BackendTokenizer:

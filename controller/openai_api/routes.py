@@ -37,10 +37,10 @@ from controller.openai_api.responses import (
 )
 from controller.openai_api.state import HttpApiState
 from controller.openai_api.streaming import Answer, StreamOptions, collect, sse_stream
-from controller.openai_api.tools import parse_tool_calls
 from controller.openai_api.validation import ParsedRequest, parse_chat, parse_completion
 from controller.scheduler import InvalidRequestError
 from controller.tokenizer import Tokenizer
+from controller.tool_calls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 

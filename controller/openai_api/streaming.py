@@ -26,8 +26,8 @@ from controller.openai_api.responses import (
     usage_chunk,
 )
 from controller.openai_api.state import EngineLike
-from controller.openai_api.tools import ToolSpec, parse_tool_calls
 from controller.openai_api.validation import Echo
+from controller.tool_calls import ToolSpec, parse_tool_calls
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from controller.api_request import (
 from controller.engine import GenerationRequest
 from controller.grammar import compile_grammar
 from controller.openai_api.errors import ApiError, bad_field, invalid_request
-from controller.openai_api.tools import ToolSpec, parse_tools, tool_grammar
 from controller.scheduler import InvalidRequestError
 from controller.scheduler.sequence import MAX_TOP_LOGPROBS
 from controller.tokenizer import Tokenizer
+from controller.tool_calls import ToolSpec, parse_tools, tool_grammar
 
 logger = logging.getLogger(__name__)
 

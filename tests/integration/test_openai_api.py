@@ -667,3 +667,27 @@ def test_n_greedy_choices_equal_the_one_greedy_answer_streamed_or_not(any_pp: Se
     )  # fmt: skip
     assert len(best.choices) == 1 and best.choices[0].logprobs is None
     assert best.usage is not None and best.usage.completion_tokens == 18
+
+
+def test_required_and_named_tool_calls_through_grpc(any_pp: Served) -> None:
+    """PP 1 and 2: gRPC's tools_json and tool_choice; the last message lists calls whose
+    arguments parse under their function's schema, read out of the streamed text."""
+    import jsonschema
+
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    for choice in ("required", "get_weather"):
+        request = generate_pb2.GenerateRequest(
+            prompt=QUESTION_TEXT, apply_chat_template=True, max_tokens=200,
+            sampling=generate_pb2.SamplingParams(temperature=0.8, seed=5),
+            tools_json=json.dumps(tools), tool_choice=choice,
+        )  # fmt: skip
+        stream = list(any_pp.grpc_stub.Generate(request, timeout=120))
+        calls = stream[-1].tool_calls
+        assert calls, "".join(r.text for r in stream)
+        assert "<tool_call>" in "".join(r.text for r in stream)
+        for call in calls:
+            schema = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[call.name]
+            jsonschema.validate(json.loads(call.arguments), schema["function"]["parameters"] or {})
+            assert call.id.startswith("call_")
+        if choice == "get_weather":
+            assert {c.name for c in calls} == {"get_weather"}

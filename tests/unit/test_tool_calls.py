@@ -1,4 +1,4 @@
-"""Chat tool calls: the request's tools checked field by field, the grammar that holds
+"""Tool calls (chat and gRPC): the request's tools checked field by field, the grammar that holds
 `required` and a named function, and calls read back out of the text."""
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 from llguidance import LLMatcher, LLTokenizer
+from sarathi_proto import generate_pb2
 
+from controller.api_request import grpc_tools
 from controller.openai_api.errors import ApiError
-from controller.openai_api.tools import ToolSpec, parse_tool_calls, parse_tools, tool_grammar
+from controller.scheduler import InvalidRequestError
+from controller.tool_calls import ToolSpec, parse_tool_calls, parse_tools, tool_grammar
 from tests.unit.test_openai_requests import chat
 from tests.unit.test_tokenizer import make_backend
 
@@ -44,9 +47,9 @@ TIME = {"type": "function", "function": {"name": "get_time"}}
     ],
 )  # fmt: skip
 def test_bad_tools_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(InvalidRequestError) as err:
         parse_tools(fields)
-    assert err.value.param == param
+    assert err.value.field == param
 
 
 def test_none_and_no_tools_mean_plain_chat_and_auto_has_no_grammar() -> None:
@@ -107,3 +110,35 @@ def test_chat_with_a_required_tool_gets_its_grammar_and_excludes_a_response_form
     with pytest.raises(ApiError) as err:
         chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
     assert err.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools_json": "[", "apply_chat_template": True}, "tools_json"),
+        ({"tools_json": "[]", "apply_chat_template": False}, "tools_json"),
+        (
+            {
+                "tools_json": json.dumps([WEATHER]),
+                "apply_chat_template": True,
+                "tool_choice": "nope",
+            },
+            "tool_choice",
+        ),
+    ],
+)
+def test_grpc_tools_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        grpc_tools(generate_pb2.GenerateRequest(prompt="hi", **fields))
+    assert err.value.field == param
+
+
+def test_grpc_tools_take_openai_tools_and_a_choice_by_name() -> None:
+    request = generate_pb2.GenerateRequest(
+        prompt="hi", apply_chat_template=True, tools_json=json.dumps([WEATHER]),
+        tool_choice="get_weather",
+    )  # fmt: skip
+    spec = grpc_tools(request)
+    assert spec is not None and spec.choice == "get_weather"
+    assert grpc_tools(generate_pb2.GenerateRequest(prompt="hi")) is None

@@ -1,5 +1,6 @@
-"""Tool calls on the chat API: the request's `tools` and `tool_choice`, the grammar that makes
-`required` and a named function certain, and the calls read back out of the model's text.
+"""Tool calls, for the chat API and gRPC alike: the request's `tools` and `tool_choice`, the
+grammar that makes `required` and a named function certain, and the calls read back out of the
+model's text.
 
 Calls are written the way Hermes-style templates (Qwen2.5, Hermes, SmolLM3 and others) teach
 models to: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call.
@@ -20,7 +21,7 @@ from typing import Any
 from llguidance import LLMatcher
 
 from controller.grammar import check
-from controller.openai_api.errors import bad_field
+from controller.scheduler import InvalidRequestError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -45,14 +46,14 @@ def parse_tools(fields: Mapping[str, Any]) -> ToolSpec | None:
     choice = fields.get("tool_choice")
     if tools is None or tools == []:
         if choice not in (None, "none", "auto"):
-            raise bad_field("tool_choice", "needs tools")
+            raise InvalidRequestError("tool_choice", "needs tools")
         return None
     if not isinstance(tools, list):
-        raise bad_field("tools", "must be a list of function tools")
+        raise InvalidRequestError("tools", "must be a list of function tools")
     checked = [_tool(t, i) for i, t in enumerate(tools)]
     names = [t["function"]["name"] for t in checked]
     if len(set(names)) != len(names):
-        raise bad_field("tools", "two tools have the same name")
+        raise InvalidRequestError("tools", "two tools have the same name")
     if choice is None or choice == "auto":
         return ToolSpec(checked, "auto")
     if choice == "none":
@@ -62,27 +63,31 @@ def parse_tools(fields: Mapping[str, Any]) -> ToolSpec | None:
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = (choice.get("function") or {}).get("name")
         if not isinstance(name, str) or name not in names:
-            raise bad_field("tool_choice", f"names no tool of this request: {name!r}")
+            raise InvalidRequestError("tool_choice", f"names no tool of this request: {name!r}")
         return ToolSpec(checked, name)
-    raise bad_field("tool_choice", 'must be "none", "auto", "required" or a named function')
+    raise InvalidRequestError(
+        "tool_choice", 'must be "none", "auto", "required" or a named function'
+    )
 
 
 def _tool(tool: object, index: int) -> dict[str, Any]:
     field = f"tools[{index}]"
     if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise bad_field(field, 'must be {"type": "function", "function": {...}}')
+        raise InvalidRequestError(field, 'must be {"type": "function", "function": {...}}')
     function = tool.get("function")
     if not isinstance(function, dict):
-        raise bad_field(f"{field}.function", "must be an object")
+        raise InvalidRequestError(f"{field}.function", "must be an object")
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_field(f"{field}.function.name", "must be 1-64 of a-z, A-Z, 0-9, _ and -")
+        raise InvalidRequestError(
+            f"{field}.function.name", "must be 1-64 of a-z, A-Z, 0-9, _ and -"
+        )
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict):
-        raise bad_field(f"{field}.function.parameters", "must be a JSON schema object")
+        raise InvalidRequestError(f"{field}.function.parameters", "must be a JSON schema object")
     description = function.get("description", "")
     if not isinstance(description, str):
-        raise bad_field(f"{field}.function.description", "must be a string")
+        raise InvalidRequestError(f"{field}.function.description", "must be a string")
     return {
         "type": "function",
         "function": {"name": name, "description": description, "parameters": parameters},
@@ -115,7 +120,9 @@ def tool_grammar(spec: ToolSpec) -> str | None:
     grammar = LLMatcher.grammar_from_lark(lark)
     problem = check(grammar)
     if problem:
-        raise bad_field("tools", f"a function's parameters are not a usable JSON schema: {problem}")
+        raise InvalidRequestError(
+            "tools", f"a function's parameters are not a usable JSON schema: {problem}"
+        )
     return grammar
 
 
