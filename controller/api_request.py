@@ -97,17 +97,7 @@ def build_generation_request(
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
     check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
-    if len(stop) > limits.max_stop_strings:
-        raise InvalidRequestError(
-            "stop", f"{len(stop)} stop strings; at most {limits.max_stop_strings} allowed"
-        )
-    for text in stop:
-        if not text:
-            raise InvalidRequestError("stop", "a stop string is empty")
-        if len(text) > limits.max_stop_string_chars:
-            raise InvalidRequestError(
-                "stop", f"a stop string is longer than {limits.max_stop_string_chars} characters"
-            )
+    _check_stop_strings(stop, limits)
     if top_k < 0:
         raise InvalidRequestError("top_k", f"must be >= 0, got {top_k}")
     sampling = SamplingParams(  # validates temperature, top_p and seed, naming them
@@ -171,6 +161,20 @@ def grpc_tools(req: generate_pb2.GenerateRequest) -> ToolSpec | None:
     if choice not in ("auto", "none", "required"):
         choice = {"type": "function", "function": {"name": choice}}
     return parse_tools({"tools": tools, "tool_choice": choice})
+
+
+def _check_stop_strings(stop: Sequence[str], limits: RequestLimits) -> None:
+    if len(stop) > limits.max_stop_strings:
+        raise InvalidRequestError(
+            "stop", f"{len(stop)} stop strings; at most {limits.max_stop_strings} allowed"
+        )
+    for text in stop:
+        if not text:
+            raise InvalidRequestError("stop", "a stop string is empty")
+        if len(text) > limits.max_stop_string_chars:
+            raise InvalidRequestError(
+                "stop", f"a stop string is longer than {limits.max_stop_string_chars} characters"
+            )
 
 
 def to_generation_request(
