@@ -18,18 +18,22 @@ from controller.scheduler import InvalidRequestError
 
 Kind = Literal["json_object", "json_schema", "regex", "choice"]
 
+JSON_DEFAULTS = {"whitespace_flexible": False}
+"""JSON as json.dumps writes it: no free whitespace between tokens, which a model (a small one
+above all) could otherwise write until max_tokens, leaving JSON that never closes."""
+
 
 def compile_grammar(kind: Kind, spec: object, field: str) -> str:
     """The llguidance grammar of one constraint; raises InvalidRequestError naming `field`.
     spec: None (json_object), a JSON schema object (json_schema), a regex string (regex) or a
     list of strings (choice)."""
     if kind == "json_object":
-        grammar = LLMatcher.grammar_from_json_schema({"type": "object"})
+        grammar = LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS)
     elif kind == "json_schema":
         if not isinstance(spec, dict):
             raise InvalidRequestError(field, "the JSON schema must be an object")
         try:
-            grammar = LLMatcher.grammar_from_json_schema(spec)
+            grammar = LLMatcher.grammar_from_json_schema(spec, defaults=JSON_DEFAULTS)
         except ValueError as err:
             raise InvalidRequestError(field, f"not a usable JSON schema: {err}") from err
     elif kind == "regex":

@@ -20,7 +20,7 @@ from typing import Any
 
 from llguidance import LLMatcher
 
-from controller.grammar import check
+from controller.grammar import JSON_DEFAULTS, check
 from controller.scheduler import InvalidRequestError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -103,6 +103,7 @@ def tool_grammar(spec: ToolSpec) -> str | None:
     if spec.choice != "required":
         schemas = {spec.choice: schemas[spec.choice]}
     call_schema = {
+        "x-guidance": JSON_DEFAULTS,
         "anyOf": [
             {
                 "type": "object",

@@ -12,13 +12,15 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sarathi_proto import stage_pb2
 
+if TYPE_CHECKING:
+    from stage_worker.etcd_registration import EtcdRegistration
+
 from stage_worker.errors import CheckpointError
-from stage_worker.etcd_registration import EtcdRegistration
 from stage_worker.kv_cache import GPU_CACHE_FRACTION
 from stage_worker.worker import (
     StageWorker,
@@ -221,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
     """Registers in etcd under a lease and returns the controller's control address."""
+    # Imported here: etcd's client brings gRPC, which a worker outside cluster mode does not
+    # need (a local worker once died in start-up with gRPC's poller aborting on a bad file
+    # descriptor; without gRPC loaded that cannot happen).
+    from stage_worker.etcd_registration import EtcdRegistration
+
     model = os.path.basename(os.path.normpath(args.model))
     registration = EtcdRegistration(
         args.etcd,
