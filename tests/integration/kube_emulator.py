@@ -34,6 +34,8 @@ class Emulator(kmock.KubernetesEmulator):
     """The emulator plus port-forwarding and RBAC refusals."""
 
     forbid: Callable[[KRequest], bool] = staticmethod(lambda request: False)  # type: ignore[assignment]
+    forwarded: list[str]
+    """Pods a port-forward was asked for, in order."""
 
     async def _handle(self, request: KRequest) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
@@ -44,7 +46,8 @@ class Emulator(kmock.KubernetesEmulator):
                  "reason": "Forbidden", "message": f"{raw.method} {raw.path} is forbidden"},
                 status=403,
             )  # fmt: skip
-        if _PORT_FORWARD.match(raw.path):
+        if found := _PORT_FORWARD.match(raw.path):
+            self.forwarded.append(found.group(1))
             return await _port_forward(raw)
         return await super()._handle(request)
 
@@ -84,6 +87,7 @@ class EmulatorThread:
 
     def __init__(self) -> None:
         self.emulator = Emulator()
+        self.emulator.forwarded = []
         # Known resources list empty, as a real API server's do, before any object exists.
         for resource in ("v1/pods", "v1/services", "v1/events", "apps/v1/deployments",
                          "apps/v1/statefulsets"):  # fmt: skip
@@ -142,6 +146,11 @@ class EmulatorThread:
         )
         with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.status in (200, 201), resp.status
+
+    def delete(self, object_path: str) -> None:
+        request = urllib.request.Request(f"{self.url}{object_path}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200, resp.status
 
     def listed(self, plural_path: str) -> list[Obj]:
         try:
