@@ -84,3 +84,16 @@ def check_admission(
             f"{config.max_queued_prompt_tokens}; retry in {config.retry_after_s:g} s",
             config.retry_after_s,
         )
+
+
+def overload_reason(config: AdmissionConfig, num_queued: int, num_queued_prompt_tokens: int) -> str:
+    """Why the admission queue refuses requests of any size right now (it is at a bound); empty
+    while it admits them. The bounds are check_admission's."""
+    if num_queued >= config.max_queued_requests:
+        return f"{num_queued} requests queued (max_queued_requests={config.max_queued_requests})"
+    if num_queued and num_queued_prompt_tokens >= config.max_queued_prompt_tokens:
+        return (
+            f"{num_queued_prompt_tokens} prompt tokens queued "
+            f"(max_queued_prompt_tokens={config.max_queued_prompt_tokens})"
+        )
+    return ""

@@ -6,8 +6,10 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import signal
 import socket
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +28,11 @@ from controller.executor.control_channel import ControlChannel
 from controller.executor.curve import CurveServerKeys
 from controller.executor.pipeline import PipelineExecutor
 from controller.health_watch import watch_health
+from controller.kube_events import start_kube_events
 from controller.metrics import ControllerMetrics
 from controller.openai_api import HttpApiServer, HttpApiState, start_http_server
+from controller.overload_watch import OverloadTracker, watch_overload
+from controller.pipeline_events import PipelineEvents
 from controller.scheduler import CacheConfig, ConfigError, Scheduler
 from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
@@ -197,7 +202,11 @@ async def until_stopped(work: Coroutine[object, object, T], stop: asyncio.Event)
 
 
 async def wait_for_workers(
-    config: ControllerConfig, pipeline: PipelineExecutor, apis: Apis, stop: asyncio.Event
+    config: ControllerConfig,
+    pipeline: PipelineExecutor,
+    apis: Apis,
+    stop: asyncio.Event,
+    events: PipelineEvents,
 ) -> int | None:
     """KV blocks per worker once every worker is present and loaded; None if stopped first."""
 
@@ -205,6 +214,7 @@ async def wait_for_workers(
         # Until the health watch runs, Status shows why the pipeline is not forming.
         if not pipeline.up:
             apis.service.problem = f"the pipeline is not ready yet; {reason}"
+        events.worker_refused(reason, *pipeline.last_refused)
 
     pipeline.on_refused = starting_with_refusal
     return await until_stopped(pipeline.start(config.server.worker_start_timeout_s), stop)
@@ -217,6 +227,7 @@ async def begin_serving(
     model: ServedModel,
     apis: Apis,
     stop: asyncio.Event,
+    events: PipelineEvents,
 ) -> Engine:
     """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests;
     `stop` is set if the engine loop fails."""
@@ -236,10 +247,7 @@ async def begin_serving(
         admission=config.admission,
         phases=pipeline.phases,
     )
-    pipeline.on_down = lambda reason: log.warning(
-        "%d requests requeued for recompute", engine.on_pipeline_down()
-    )
-    pipeline.on_up = engine.on_pipeline_up
+    report_failures(pipeline, engine, events)
     await pipeline.begin_serving(num_blocks, cache.block_size, engine.on_result)
     limits = RequestLimits(
         vocab_size=model.vocab_size,
@@ -260,6 +268,10 @@ async def begin_serving(
             name="health",
         ),
         asyncio.create_task(publish_stage_metrics(engine, pipeline), name="stage-metrics"),
+        asyncio.create_task(
+            watch_overload(engine, OverloadTracker(events.overload_started, events.overload_ended)),
+            name="overload-watch",
+        ),
     ]
     log.info(
         "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
@@ -267,6 +279,24 @@ async def begin_serving(
         config.scheduler.policy, config.scheduler.budget_tokens,
     )  # fmt: skip
     return engine
+
+
+def report_failures(pipeline: PipelineExecutor, engine: Engine, events: PipelineEvents) -> None:
+    """A stage down requeues the engine's requests; both it and the rebuild become events."""
+    requeued = 0
+
+    def down(reason: str) -> None:
+        nonlocal requeued
+        requeued = engine.on_pipeline_down()
+        log.warning("%d requests requeued for recompute", requeued)
+        events.stage_down(reason, pipeline.down_stages)
+
+    def up() -> None:
+        engine.on_pipeline_up()
+        down_s = time.monotonic() - pipeline.down_since_s
+        events.rebuilt(pipeline.num_rebuilds, down_s, requeued, pipeline.parallel.pp)
+
+    pipeline.on_down, pipeline.on_up = down, up
 
 
 class EngineFailed(RuntimeError):
@@ -302,6 +332,8 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         loop.add_signal_handler(sig, stop.set)
 
     model = ServedModel.load(config)
+    event_sink = start_kube_events(os.environ)
+    events = PipelineEvents(event_sink)
     apis = await start_apis(config, model.name)
     ctx = zmq.asyncio.Context()
     curve = None
@@ -325,10 +357,10 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             membership.on_leadership_lost = step_down
         elif config.server.etcd:
             return  # stopped while a standby
-        num_blocks = await wait_for_workers(config, pipeline, apis, stop)
+        num_blocks = await wait_for_workers(config, pipeline, apis, stop, events)
         if num_blocks is None:
             return
-        engine = await begin_serving(config, pipeline, num_blocks, model, apis, stop)
+        engine = await begin_serving(config, pipeline, num_blocks, model, apis, stop, events)
         await stop.wait()
     finally:
         log.info("shutting down")
@@ -339,6 +371,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
             await membership.close()
         channel.close()
         ctx.term()
+        await asyncio.to_thread(event_sink.close)  # what is queued is posted, briefly
     raise_why_stopped(apis, lost_leadership)
 
 

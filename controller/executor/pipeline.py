@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import zmq
 from sarathi_proto import stage_pb2
@@ -74,6 +74,8 @@ class PipelineExecutor:
         """True while every worker is present and serving."""
         self.down_reason = "the pipeline is starting"
         self.down_since_s = time.monotonic()
+        self.down_stages: tuple[int, ...] = ()
+        """The stages whose workers were lost when the pipeline last went down."""
         self.num_rebuilds = 0
         self.num_kv_blocks = 0
         self.block_size = 0
@@ -82,6 +84,8 @@ class PipelineExecutor:
         self.on_refused: Callable[[str], None] = lambda reason: None
         """Called with the reason whenever a worker is refused (wrong model, place taken)."""
         self.last_refusal = ""
+        self.last_refused: tuple[str, str] = ("", "")
+        """(worker_id, host) of the last worker refused: the events find its pod with them."""
         self._on_result: ResultHandler | None = None
         self._all_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,6 +114,7 @@ class PipelineExecutor:
             info = self.slots.claim(identity, hello)
         except ValueError as err:
             self.last_refusal = f"refused worker {hello.worker_id} from {hello.host}: {err}"
+            self.last_refused = (hello.worker_id, hello.host)
             log.error("%s", self.last_refusal)
             self.on_refused(self.last_refusal)
             reject = stage_pb2.ControllerMessage(reject=stage_pb2.Reject(reason=str(err)))
@@ -184,12 +189,14 @@ class PipelineExecutor:
             await self._send_quietly(info.identity, cache)
 
     # ---- failure and rebuild --------------------------------------------------------------
-    async def fail(self, reason: str) -> None:
-        """Takes the pipeline down: every worker is told to exit and a new start-up begins."""
+    async def fail(self, reason: str, stages: Sequence[int] = ()) -> None:
+        """Takes the pipeline down: every worker is told to exit and a new start-up begins.
+        stages: those whose workers were lost (for the events on their pods)."""
         if not self.up:
             return
         log.error("pipeline down: %s; rebuilding", reason)
         self.up, self.down_reason, self.down_since_s = False, reason, time.monotonic()
+        self.down_stages = tuple(sorted(set(stages)))
         self.on_down(reason)
         old = list(self.slots.workers.values())
         self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
@@ -228,7 +235,7 @@ class PipelineExecutor:
             if not self.up:
                 continue
             now = time.monotonic()
-            lost = []  # every lost worker is named, as in submit()
+            lost, lost_stages = [], []  # every lost worker is named, as in submit()
             for info in list(self.slots.workers.values()):
                 silent_s = now - info.last_seen_s
                 if silent_s > self.heartbeat_timeout_s:
@@ -236,13 +243,15 @@ class PipelineExecutor:
                         f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) sent no "
                         f"heartbeat for {silent_s:.1f} s"
                     )
+                    lost_stages.append(info.stage)
                     continue
                 try:
                     await self.channel.send_bytes(info.identity, ping)
                 except zmq.ZMQError as err:
                     lost.append(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
+                    lost_stages.append(info.stage)
             if lost:
-                await self.fail("; ".join(lost))
+                await self.fail("; ".join(lost), lost_stages)
 
     # ---- serving --------------------------------------------------------------------------
     async def submit(self, batch: MicroBatch) -> None:
@@ -259,7 +268,7 @@ class PipelineExecutor:
         # Every worker is tried before the pipeline is declared down: when one dies its
         # neighbours' links break and they exit too, and status must name every stage that is
         # gone, not only the first one in send order.
-        unreachable = []
+        unreachable, lost_stages = [], []
         for (stage, rank), info in list(self.slots.workers.items()):
             try:
                 await self.channel.send_bytes(
@@ -267,11 +276,12 @@ class PipelineExecutor:
                 )
             except zmq.ZMQError as err:  # the worker's socket is gone: it died
                 unreachable.append(f"stage {stage} rank {rank} unreachable: {err}")
+                lost_stages.append(stage)
         sent = clock()
         phases.send_s += sent - sending
         phases.sent(batch.batch_id, sent)
         if unreachable:
-            await self.fail("; ".join(unreachable))
+            await self.fail("; ".join(unreachable), lost_stages)
 
     async def _receive_loop(self) -> None:
         while True:

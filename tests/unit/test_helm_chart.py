@@ -838,7 +838,7 @@ def test_endpoint_picker_may_read_pods_and_inference_pools_in_its_namespace() ->
     objs = render("", "inferencePool.enabled=true")
     epp = only(objs, "Deployment", "sarathi-cluster-epp")
     account = epp["spec"]["template"]["spec"]["serviceAccountName"]
-    binding = only(objs, "RoleBinding")
+    binding = only(objs, "RoleBinding", "sarathi-cluster-epp")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                     "namespace": "default"}]  # fmt: skip
     role = only(objs, "Role", binding["roleRef"]["name"])

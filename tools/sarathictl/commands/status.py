@@ -32,7 +32,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--interval", type=float_above(0.0), default=1.0, help="refresh period with --watch (s)"
     )
+    add_kubernetes_flags(p)
     p.set_defaults(run=run)
+
+
+def add_kubernetes_flags(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group(
+        "Kubernetes",
+        "With --kubernetes, every pipeline of a Helm release is found through the Kubernetes API "
+        "(the chart's labels) and each stage's row shows its pod, node, readiness and restarts; "
+        "a pipeline that is down names the pod missing and why. --addr is not used then.",
+    )
+    k.add_argument("--kubernetes", action="store_true", help="find the pipelines in Kubernetes")
+    k.add_argument("--namespace", default="", help="namespace (default: the kubeconfig context's)")
+    k.add_argument("--release", default="", help="Helm release (default: every release)")
+    k.add_argument("--kubeconfig", default="", help="kubeconfig file (default: the usual one)")
+    k.add_argument("--context", default="", help="kubeconfig context (default: the current)")
+    k.add_argument(
+        "--via",
+        choices=("port-forward", "pod-ip"),
+        default="port-forward",
+        help="how controllers are reached: a port-forward through the API server made by the "
+        "command (default), or the pod's IP (from inside the cluster)",
+    )
+
+
+def stage_label(s: generate_pb2.StageStatus) -> str:
+    """A stage that is not serving says so beside its number (narrow terminals keep it)."""
+    if s.stalled:
+        return f"{s.stage} STALLED"
+    return str(s.stage) if s.up else f"{s.stage} DOWN"
 
 
 def render(status: generate_pb2.StatusResponse) -> Group:
@@ -51,8 +80,7 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         stages.add_column(column, justify="right" if column not in ("host",) else "left")
     for s in status.stages:
         stages.add_row(
-            # A stage that is not serving says so beside its number (narrow terminals keep it).
-            f"{s.stage} STALLED" if s.stalled else (str(s.stage) if s.up else f"{s.stage} DOWN"),
+            stage_label(s),
             s.host or "-",
             ",".join(str(r) for r in s.tp_ranks) or "-",
             f"{s.utilization_pct:.1f}",
@@ -97,6 +125,10 @@ def render(status: generate_pb2.StatusResponse) -> Group:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kubernetes:
+        from sarathictl.kube.status_cmd import run_kubernetes  # loads the kubernetes package
+
+        return run_kubernetes(args)
     with client_from_args(args) as client:
         try:
             if args.json:

@@ -39,6 +39,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "sarathi.grpcHeadlessName" -}}
 {{- printf "%s-grpc-headless" (include "sarathi.fullname" .) -}}
 {{- end -}}
+{{- define "sarathi.controllerAccountName" -}}
+{{- printf "%s-controller" (include "sarathi.fullname" .) -}}
+{{- end -}}
 {{- define "sarathi.eppName" -}}
 {{- printf "%s-epp" (include "sarathi.fullname" .) -}}
 {{- end -}}
