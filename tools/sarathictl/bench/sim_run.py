@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from controller.executor.simulated import SimRequest, SimulatedPipeline, run_simulation
-from controller.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from controller.scheduler import CacheConfig, MicroBatch, Scheduler, SchedulerConfig
 from controller.simulator import (
     AnalyticCostModel,
     Deployment,
@@ -15,6 +15,7 @@ from controller.simulator import (
     get_link,
     get_model,
 )
+from controller.simulator.cost_model import StageCost
 from controller.simulator.step_cost_fit import fit_step_cost
 from sarathictl.bench.metrics import ServingMetrics, summarize
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
@@ -62,6 +63,21 @@ class SimSetup:
         return replace(self, policy=policy)
 
 
+class KvPeak:
+    """A cost model that also notes the scheduler's peak KV-cache usage: the cost of every
+    micro-batch is asked for right after it is scheduled, when its blocks are held."""
+
+    def __init__(self, cost_model: AnalyticCostModel | MeasuredProfile, scheduler: Scheduler):
+        self.cost_model = cost_model
+        self.num_stages = cost_model.num_stages
+        self.blocks = scheduler.block_manager
+        self.peak_usage = 0.0
+
+    def micro_batch_cost(self, batch: MicroBatch) -> StageCost:
+        self.peak_usage = max(self.peak_usage, self.blocks.usage)
+        return self.cost_model.micro_batch_cost(batch)
+
+
 @dataclass
 class PreparedSim:
     """Everything a run at a given rate needs, built once per search."""
@@ -80,18 +96,20 @@ class PreparedSim:
         progress: Callable[[int], None] | None = None,
         record_intervals: bool = False,
     ) -> ServingMetrics:
-        if not qps > 0:
-            raise ValueError(f"qps must be > 0, got {qps}")
-        requests = [SimRequest(t / qps, p, o) for t, p, o in self.unit_requests]
+        times = self.setup.workload.arrivals_at([t for t, _, _ in self.unit_requests], qps)
+        requests = [
+            SimRequest(t, p, o) for t, (_, p, o) in zip(times, self.unit_requests, strict=True)
+        ]
         scheduler = Scheduler(
             self.scheduler_config,
             self.cache_config,
             spread_decodes=self.setup.spread_decodes,
             spread_prompts=self.setup.spread_prompts,
         )
-        pipeline = SimulatedPipeline(self.cost_model, record_intervals=record_intervals)
+        kv = KvPeak(self.cost_model, scheduler)
+        pipeline = SimulatedPipeline(kv, record_intervals=record_intervals)
         result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
-        return summarize(result)
+        return replace(summarize(result), peak_kv_usage=kv.peak_usage)
 
 
 def prepare(setup: SimSetup) -> PreparedSim:
