@@ -16,11 +16,13 @@ from controller.simulator import (
     get_model,
 )
 from controller.simulator.cost_model import StageCost
+from controller.simulator.linear_profile import LinearProfile, StageCoefficients
 from controller.simulator.step_cost_fit import fit_step_cost
 from sarathictl.bench.metrics import ServingMetrics, summarize
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
 
 TILE_TOKENS = 32
+CostModel = AnalyticCostModel | MeasuredProfile | LinearProfile
 BASELINE_POLICIES = frozenset({"vllm", "orca", "request_level"})
 
 
@@ -50,6 +52,9 @@ class SimSetup:
     prompts of every admitted request batched together. False: orca with paged KV."""
     profile_csv: str = ""
     """A measured profile instead of the analytic model (every stage costs what it says)."""
+    stage_coefficients: StageCoefficients | None = None
+    """Every stage's cost fitted to a live pipeline (controller/simulator/linear_profile.py)
+    instead of the analytic model; None: unused."""
     spread_decodes: bool = True
     spread_prompts: bool = False
     """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
@@ -67,7 +72,7 @@ class KvPeak:
     """A cost model that also notes the scheduler's peak KV-cache usage: the cost of every
     micro-batch is asked for right after it is scheduled, when its blocks are held."""
 
-    def __init__(self, cost_model: AnalyticCostModel | MeasuredProfile, scheduler: Scheduler):
+    def __init__(self, cost_model: CostModel, scheduler: Scheduler):
         self.cost_model = cost_model
         self.num_stages = cost_model.num_stages
         self.blocks = scheduler.block_manager
@@ -87,7 +92,7 @@ class PreparedSim:
     scheduler_config: SchedulerConfig
     cache_config: CacheConfig
     unit_requests: list[tuple[float, int, int]]
-    cost_model: AnalyticCostModel | MeasuredProfile
+    cost_model: CostModel
 
     def run(
         self,
@@ -131,8 +136,10 @@ def prepare(setup: SimSetup) -> PreparedSim:
         max_batch_tokens=max(budget, max_model_len),
         min_kv_tokens=max_model_len,
     )
-    cost_model: AnalyticCostModel | MeasuredProfile
-    if setup.profile_csv:
+    cost_model: CostModel
+    if setup.stage_coefficients is not None:
+        cost_model = LinearProfile(setup.stage_coefficients, setup.pp)
+    elif setup.profile_csv:
         transfer = AnalyticCostModel(deployment)  # the link still carries activations
         cost_model = MeasuredProfile.from_csv(
             setup.profile_csv, setup.pp, transfer.transfer_s(budget)
