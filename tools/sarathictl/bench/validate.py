@@ -10,7 +10,7 @@ scaled requests are written once as a trace with arrival times and replayed by b
 where the target puts it: a probe at (1 - tolerance) and one at (1 + tolerance) times the
 prediction (pass, then fail, means the live capacity lies within the tolerance), each repeated;
 the fixed-rate point (a share of the lowest predicted capacity) is repeated too, medians and
-spread reported. Each configuration's result is appended to --out as one JSON line."""
+spread reported. Each policy's result is appended to --out as one JSON line as it ends."""
 
 from __future__ import annotations
 
@@ -118,6 +118,13 @@ def measure_policy_live(
     return out
 
 
+def append(path: Path, report: dict[str, Any]) -> None:
+    """One JSON line per finished policy (the latest line of a configuration is the fullest),
+    so that an interrupted run keeps what it measured."""
+    with open(path, "a") as f:
+        f.write(json.dumps(report, default=str) + "\n")
+
+
 def validate(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     spec, longest = write_scaled_trace(args, folder)
     budgets = {p: budget_for(p, args, longest) for p in args.policies}
@@ -146,7 +153,8 @@ def validate(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         sim = prepare(predictions[policy]["setup"]).run(fixed_qps)
         report[policy] = {"predicted_capacity_qps": predicted, "simulated": summary(sim),
                           "live": live, "wall_s": time.perf_counter() - started}  # fmt: skip
-        say(f"[{policy}] done in {time.perf_counter() - started:.0f} s")
+        append(args.out, {k: v for k, v in report.items()})
+        say(f"[{policy}] done in {time.perf_counter() - started:.0f} s: {live['fixed']}")
     return report
 
 
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", default="splitwise")
     p.add_argument("--scale", type=float, default=0.25, help="multiply lengths by this")
     p.add_argument("--max-total-tokens", type=int, default=1024)
-    p.add_argument("--num-requests", type=int, default=40, help="per live run and simulation")
+    p.add_argument("--num-requests", type=int, default=24, help="per live run and simulation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--budget", type=int, default=64, help="sarathi's token budget")
@@ -169,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.policies = tuple(args.policies.split(","))
     with tempfile.TemporaryDirectory() as folder:
-        report = validate(args, Path(folder))
-    with open(args.out, "a") as f:
-        f.write(json.dumps(report, default=str) + "\n")
+        validate(args, Path(folder))
     return 0
 
 
