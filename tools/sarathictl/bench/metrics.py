@@ -79,6 +79,8 @@ class ServingMetrics:
     duration_s: float
     num_preemptions: int
     stopped_early: bool
+    peak_kv_usage: float = float("nan")
+    """Highest share of the KV cache's blocks in use (simulation; NaN: not measured)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

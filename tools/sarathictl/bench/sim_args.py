@@ -6,15 +6,78 @@ import argparse
 
 from controller.simulator import GPUS, LINKS, MODELS
 from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
-from sarathictl.argtypes import NumberOrName, float_above, float_in, int_at_least, one_of
+from sarathictl.argtypes import (
+    NumberOrName,
+    comma_list,
+    float_above,
+    float_in,
+    int_at_least,
+    one_of,
+)
+from sarathictl.bench.arrivals import ARRIVALS, DIURNAL_RATES
 from sarathictl.bench.sim_run import SimSetup
 from sarathictl.bench.workloads import (
     PAPER_DATASETS,
     SYNTHETIC,
     TRACE_FILES,
     WorkloadSpec,
+    default_arrival,
     workload_flag,
 )
+
+
+def add_arrival_args(group: argparse._ArgumentGroup, defaults: WorkloadSpec) -> None:
+    """--arrival, --burstiness, --rate-curve, --rate-period-s (simulate, capacity, plan, run)."""
+    group.add_argument(
+        "--arrival",
+        choices=ARRIVALS,
+        default=None,
+        help="poisson, gamma (bursty: --burstiness) or replay (the trace's own arrival times, "
+        "time-scaled to the rate asked for); default: replay for a trace that records arrival "
+        "times (splitwise, or a file with an arrived_at/arrival_s/timestamp column), else poisson",
+    )
+    group.add_argument(
+        "--burstiness",
+        type=float_above(0.0),
+        default=defaults.burstiness,
+        help="gamma arrivals: squared coefficient of variation of the gaps (1: Poisson)",
+    )
+    group.add_argument(
+        "--rate-curve",
+        type=comma_list(NumberOrName(float_above(0.0), ("diurnal",)), allow_empty=True),
+        default=(),
+        help="relative arrival rates over equal slices of --rate-period-s, repeating (e.g. "
+        "0.5,1,2,1), or `diurnal` (24 hourly rates, 3:1 peak to trough); default: flat",
+    )
+    group.add_argument(
+        "--rate-period-s",
+        type=float_above(0.0),
+        default=defaults.rate_period_s,
+        help="period of --rate-curve in seconds (default: a day compressed into an hour)",
+    )
+
+
+def rate_curve_from_args(values: tuple[float | str, ...]) -> tuple[float, ...]:
+    if "diurnal" in values:
+        if len(values) > 1:
+            raise ValueError("--rate-curve: `diurnal` stands alone, not in a list of rates")
+        return DIURNAL_RATES
+    return tuple(float(v) for v in values)
+
+
+def workload_from_args(args: argparse.Namespace, **lengths: int) -> WorkloadSpec:
+    """The workload flags of add_arrival_args plus --trace, --num-requests, --seed."""
+    return WorkloadSpec(
+        source=args.trace,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        max_total_tokens=getattr(args, "max_total_tokens", 0),
+        arrival=args.arrival or default_arrival(args.trace),
+        burstiness=args.burstiness,
+        rate_curve=rate_curve_from_args(args.rate_curve),
+        rate_period_s=args.rate_period_s,
+        **lengths,
+    )
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -79,17 +142,17 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     k = parser.add_argument_group("workload")
     sources = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
     k.add_argument(
-        "--trace", type=workload_flag(), default=w.source, help=f"{sources}, or a CSV path"
+        "--trace",
+        type=workload_flag(),
+        default=w.source,
+        help=f"{sources}, or a CSV or JSONL file (lengths, optionally arrival times)",
     )
     k.add_argument("--num-requests", type=positive, default=w.num_requests)
     k.add_argument("--seed", type=int_at_least(0), default=w.seed)
     k.add_argument(
         "--max-total-tokens", type=int_at_least(0), default=0, help="length filter (0: none)"
     )
-    k.add_argument("--arrival", choices=("poisson", "gamma"), default=w.arrival)
-    k.add_argument(
-        "--burstiness", type=float_above(0.0), default=w.burstiness, help="gamma gaps' CV^2"
-    )
+    add_arrival_args(k, w)
     k.add_argument(
         "--prompt-tokens", type=positive, default=w.prompt_tokens, help="synthetic sources"
     )
@@ -100,15 +163,8 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
-    workload = WorkloadSpec(
-        source=args.trace,
-        num_requests=args.num_requests,
-        seed=args.seed,
-        max_total_tokens=args.max_total_tokens,
-        arrival=args.arrival,
-        burstiness=args.burstiness,
-        prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens,
+    workload = workload_from_args(
+        args, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens
     )
     return SimSetup(
         model=args.model,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from controller.executor.simulated import SimRequest, SimulatedPipeline, run_simulation
-from controller.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from controller.scheduler import CacheConfig, MicroBatch, Scheduler, SchedulerConfig
 from controller.simulator import (
     AnalyticCostModel,
     Deployment,
@@ -15,11 +15,14 @@ from controller.simulator import (
     get_link,
     get_model,
 )
+from controller.simulator.cost_model import StageCost
+from controller.simulator.linear_profile import LinearProfile, StageCoefficients
 from controller.simulator.step_cost_fit import fit_step_cost
 from sarathictl.bench.metrics import ServingMetrics, summarize
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
 
 TILE_TOKENS = 32
+CostModel = AnalyticCostModel | MeasuredProfile | LinearProfile
 BASELINE_POLICIES = frozenset({"vllm", "orca", "request_level"})
 
 
@@ -49,6 +52,9 @@ class SimSetup:
     prompts of every admitted request batched together. False: orca with paged KV."""
     profile_csv: str = ""
     """A measured profile instead of the analytic model (every stage costs what it says)."""
+    stage_coefficients: StageCoefficients | None = None
+    """Every stage's cost fitted to a live pipeline (controller/simulator/linear_profile.py)
+    instead of the analytic model; None: unused."""
     spread_decodes: bool = True
     spread_prompts: bool = False
     """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
@@ -62,6 +68,21 @@ class SimSetup:
         return replace(self, policy=policy)
 
 
+class KvPeak:
+    """A cost model that also notes the scheduler's peak KV-cache usage: the cost of every
+    micro-batch is asked for right after it is scheduled, when its blocks are held."""
+
+    def __init__(self, cost_model: CostModel, scheduler: Scheduler):
+        self.cost_model = cost_model
+        self.num_stages = cost_model.num_stages
+        self.blocks = scheduler.block_manager
+        self.peak_usage = 0.0
+
+    def micro_batch_cost(self, batch: MicroBatch) -> StageCost:
+        self.peak_usage = max(self.peak_usage, self.blocks.usage)
+        return self.cost_model.micro_batch_cost(batch)
+
+
 @dataclass
 class PreparedSim:
     """Everything a run at a given rate needs, built once per search."""
@@ -71,7 +92,7 @@ class PreparedSim:
     scheduler_config: SchedulerConfig
     cache_config: CacheConfig
     unit_requests: list[tuple[float, int, int]]
-    cost_model: AnalyticCostModel | MeasuredProfile
+    cost_model: CostModel
 
     def run(
         self,
@@ -80,18 +101,20 @@ class PreparedSim:
         progress: Callable[[int], None] | None = None,
         record_intervals: bool = False,
     ) -> ServingMetrics:
-        if not qps > 0:
-            raise ValueError(f"qps must be > 0, got {qps}")
-        requests = [SimRequest(t / qps, p, o) for t, p, o in self.unit_requests]
+        times = self.setup.workload.arrivals_at([t for t, _, _ in self.unit_requests], qps)
+        requests = [
+            SimRequest(t, p, o) for t, (_, p, o) in zip(times, self.unit_requests, strict=True)
+        ]
         scheduler = Scheduler(
             self.scheduler_config,
             self.cache_config,
             spread_decodes=self.setup.spread_decodes,
             spread_prompts=self.setup.spread_prompts,
         )
-        pipeline = SimulatedPipeline(self.cost_model, record_intervals=record_intervals)
+        kv = KvPeak(self.cost_model, scheduler)
+        pipeline = SimulatedPipeline(kv, record_intervals=record_intervals)
         result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
-        return summarize(result)
+        return replace(summarize(result), peak_kv_usage=kv.peak_usage)
 
 
 def prepare(setup: SimSetup) -> PreparedSim:
@@ -113,8 +136,10 @@ def prepare(setup: SimSetup) -> PreparedSim:
         max_batch_tokens=max(budget, max_model_len),
         min_kv_tokens=max_model_len,
     )
-    cost_model: AnalyticCostModel | MeasuredProfile
-    if setup.profile_csv:
+    cost_model: CostModel
+    if setup.stage_coefficients is not None:
+        cost_model = LinearProfile(setup.stage_coefficients, setup.pp)
+    elif setup.profile_csv:
         transfer = AnalyticCostModel(deployment)  # the link still carries activations
         cost_model = MeasuredProfile.from_csv(
             setup.profile_csv, setup.pp, transfer.transfer_s(budget)

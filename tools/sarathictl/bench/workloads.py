@@ -1,14 +1,15 @@
 """Workloads for simulated and real benchmarks: request lengths from a trace or a distribution,
-arrival times from a Poisson or gamma process, all from one seed.
+arrival times from a Poisson or gamma process or replayed from a trace, all from one seed.
 
 Arrivals are drawn at rate 1 and divided by the QPS, so runs of one workload at different rates
 share their random numbers (common random numbers): a capacity search then compares loads, not
-noise.
+noise. A replayed trace is rescaled the same way (its recorded rate becomes 1), so a search
+stretches or squeezes its timeline and keeps its bursts; `recorded_qps` gives its own rate. A
+rate curve (arrivals.py) then shapes the load over time (diurnal).
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,13 @@ import numpy as np
 
 from controller.executor.simulated import SimRequest
 from sarathictl.argtypes import Workload, workload
+from sarathictl.bench.arrivals import ARRIVALS, RateCurve, unit_gaps, unit_rate_times
+from sarathictl.bench.trace_files import has_arrivals, read_trace_rows
 
 # Shipped inside the package (package data), with their sources and licenses (traces/README.md).
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 TRACE_FILES = {"arxiv": "arxiv_summarization.csv", "splitwise": "splitwise_conv.csv"}
 TRACE_ALIASES = {"arxiv_summarization": "arxiv", "splitwise_conv": "splitwise", "conv": "splitwise"}
-TRACE_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 
 # The paper's Table 2 (median, P90) of prompt and output tokens, and its length filter.
 PAPER_DATASETS: dict[str, tuple[tuple[float, float], tuple[float, float], int]] = {
@@ -43,9 +45,15 @@ class WorkloadSpec:
     max_total_tokens: int = 0
     """Drop requests longer than this (prompt + output); 0: the source's own limit."""
     arrival: str = "poisson"
-    """poisson, or gamma (bursty when burstiness > 1)."""
+    """poisson, gamma (bursty when burstiness > 1), or replay (the trace's own arrival times,
+    in file order; the first num_requests of them)."""
     burstiness: float = 1.0
     """Gamma arrivals: squared coefficient of variation of the gaps (1 is Poisson)."""
+    rate_curve: tuple[float, ...] = ()
+    """Relative arrival rates over equal slices of rate_period_s, repeating (empty: flat)."""
+    rate_period_s: float = 3600.0
+    """Period of rate_curve in seconds of arrival time (a day compressed to an hour by default,
+    so that one benchmark run sees the whole cycle)."""
     prompt_tokens: int = 1024
     """Synthetic sources: the median (lognormal), maximum (zipf, uniform) or value (fixed)."""
     output_tokens: int = 128
@@ -53,37 +61,42 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if self.arrival not in ("poisson", "gamma"):
-            raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
         if not self.burstiness > 0:
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
         if self.max_total_tokens < 0:
             raise ValueError("max_total_tokens must be >= 0")
+        if self.rate_curve:
+            RateCurve(self.rate_curve, self.rate_period_s)  # validates, naming the field
+
+    def arrivals_at(self, unit_times_s: list[float], qps: float) -> list[float]:
+        """Arrival times at a mean rate of qps from the unit-rate ones, the rate curve applied."""
+        if not qps > 0:
+            raise ValueError(f"qps must be > 0, got {qps}")
+        times = np.asarray(unit_times_s, dtype=np.float64) / qps
+        if self.rate_curve:
+            times = RateCurve(self.rate_curve, self.rate_period_s).warp(times)
+        return times.tolist()
 
 
 def read_trace(path: Path) -> list[tuple[int, int]]:
     """(prompt tokens, output tokens) rows; a missing column or a bad value names the line."""
-    rows: list[tuple[int, int]] = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: line 1: missing column(s) {', '.join(missing)}")
-        for line_no, row in enumerate(reader, start=2):
-            try:
-                prompt = int(float(row["num_prefill_tokens"]))
-                output = int(float(row["num_decode_tokens"]))
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}: line {line_no}: lengths are not numbers") from None
-            if prompt < 1 or output < 1:
-                raise ValueError(
-                    f"{path}: line {line_no}: lengths must be >= 1, got prompt {prompt}, "
-                    f"output {output}"
-                )
-            rows.append((prompt, output))
-    if not rows:
-        raise ValueError(f"{path}: no requests")
-    return rows
+    return read_trace_rows(path).lengths
+
+
+def default_arrival(source: str) -> str:
+    """replay for a trace file that records arrival times, poisson otherwise."""
+    name = TRACE_ALIASES.get(source, source)
+    if name in PAPER_DATASETS or name in SYNTHETIC:
+        return "poisson"
+    return "replay" if has_arrivals(trace_path(source)) else "poisson"
+
+
+def recorded_qps(spec: WorkloadSpec) -> float:
+    """A replayed trace's own mean rate over its first num_requests requests."""
+    rows = _replay_rows(spec)
+    return unit_rate_times([t for t, _, _ in rows])[1]
 
 
 def known_workloads() -> list[str]:
@@ -149,13 +162,36 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[list[tuple[i
 
 def make_requests(spec: WorkloadSpec, qps: float) -> list[SimRequest]:
     """num_requests requests arriving at qps requests/s on average, sorted by arrival."""
-    if not qps > 0:
-        raise ValueError(f"qps must be > 0, got {qps}")
-    return [SimRequest(t / qps, p, o) for t, p, o in unit_rate_requests(spec)]
+    rows = unit_rate_requests(spec)
+    times = spec.arrivals_at([t for t, _, _ in rows], qps)
+    return [SimRequest(t, p, o) for t, (_, p, o) in zip(times, rows, strict=True)]
+
+
+def _replay_rows(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
+    """The trace's first num_requests requests (all if it has fewer) within the length limit,
+    at their recorded times (seconds from the first)."""
+    name = TRACE_ALIASES.get(spec.source, spec.source)
+    if name in PAPER_DATASETS or name in SYNTHETIC:
+        raise ValueError(f"arrival replay needs a trace with arrival times, not {spec.source!r}")
+    path = trace_path(spec.source)
+    trace = read_trace_rows(path)
+    if trace.arrivals_s is None:
+        raise ValueError(
+            f"arrival replay: {path} records no arrival times (a column arrived_at, arrival_s "
+            "or timestamp); use poisson or gamma arrivals with it"
+        )
+    rows = [(t, p, o) for t, (p, o) in zip(trace.arrivals_s, trace.lengths, strict=True)]
+    if spec.max_total_tokens:
+        rows = [r for r in rows if r[1] + r[2] <= spec.max_total_tokens]
+    return rows[: spec.num_requests]
 
 
 def unit_rate_requests(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
     """(arrival at rate 1 request/s, prompt tokens, output tokens): scale arrivals by 1/qps."""
+    if spec.arrival == "replay":
+        rows = _replay_rows(spec)
+        times, _ = unit_rate_times([t for t, _, _ in rows])
+        return [(t, p, o) for t, (_, p, o) in zip(times, rows, strict=True)]
     rng = np.random.default_rng(spec.seed)
     lengths, limit = _lengths(spec, rng)
     max_total = spec.max_total_tokens or limit
@@ -169,11 +205,7 @@ def unit_rate_requests(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
     lengths = lengths[: spec.num_requests]
     n = spec.num_requests
     arrival_rng = np.random.default_rng([spec.seed, 1])  # independent of the lengths
-    if spec.arrival == "poisson":
-        gaps = arrival_rng.exponential(1.0, n)
-    else:
-        shape = 1.0 / spec.burstiness
-        gaps = arrival_rng.gamma(shape, 1.0 / shape, n)
+    gaps = unit_gaps(spec.arrival, spec.burstiness, n, arrival_rng)
     times = np.cumsum(gaps).tolist()
     return [(t, p, o) for t, (p, o) in zip(times, lengths, strict=True)]
 

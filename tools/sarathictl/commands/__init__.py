@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from sarathictl.commands import bench, demo, generate, model, status, tune_budget, up
+from sarathictl.commands import bench, demo, generate, model, plan, status, tune_budget, up
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -17,5 +17,6 @@ COMMANDS: list[Register] = [
     tune_budget.register,
     demo.register,
     bench.register,
+    plan.register,
     model.register,
 ]

@@ -1,0 +1,75 @@
+"""validate.py's JSON lines as the markdown table in BENCHMARKS.md:
+`python -m sarathictl.bench.validate_report validate.jsonl`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def _spread(s: dict[str, float], scale: float, fmt: str) -> str:
+    return f"{s['median'] * scale:{fmt}} ({s['min'] * scale:{fmt}}-{s['max'] * scale:{fmt}})"
+
+
+def _error(sim: float, live: float) -> str:
+    return f"{(sim - live) / live:+.0%}" if live else "-"
+
+
+def capacity_verdict(live: dict[str, Any]) -> str:
+    """Within the tolerance when every probe below the prediction passed and every one above
+    failed; otherwise which side missed."""
+    below, above = all(live["below"]["passed"]), not any(live["above"]["passed"])
+    if below and above:
+        return "within"
+    if not below:
+        return "live lower"
+    return "live higher"
+
+
+def rows(report: dict[str, Any]) -> list[str]:
+    out = []
+    for policy in ("sarathi", "vllm", "orca"):
+        if policy not in report:
+            continue
+        r = report[policy]
+        sim, live = r["simulated"], r["live"]
+        fixed = live["fixed"]
+        out.append(
+            f"| {report['trace']} x{report['scale']:g} | {report['pp']} | {policy} | "
+            f"{r['predicted_capacity_qps']:.3f} | {live['below']['qps']:.3f}: "
+            f"{'/'.join('pass' if p else 'fail' for p in live['below']['passed'])}; "
+            f"{live['above']['qps']:.3f}: "
+            f"{'/'.join('pass' if p else 'fail' for p in live['above']['passed'])} | "
+            f"{capacity_verdict(live)} | {sim['tbt_p99_s'] * 1e3:.0f} | "
+            f"{_spread(fixed['tbt_p99_s'], 1e3, '.0f')} | "
+            f"{_error(sim['tbt_p99_s'], fixed['tbt_p99_s']['median'])} | "
+            f"{sim['ttft_p50_s'] * 1e3:.0f} | {_spread(fixed['ttft_p50_s'], 1e3, '.0f')} | "
+            f"{sim['bubble_fraction']:.0%} | {_spread(fixed['bubble_fraction'], 100, '.0f')}% |"
+        )
+    return out
+
+
+HEADER = (
+    "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdicts) | "
+    "capacity | P99 TBT ms sim | live median (range) | error | TTFT p50 ms sim | live median "
+    "(range) | bubble sim | live median (range) |\n"
+    "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
+
+
+def main(path: str) -> int:
+    print(HEADER)
+    latest: dict[tuple[str, float, int], dict[str, Any]] = {}
+    with open(path) as f:  # a configuration's last line holds every policy measured so far
+        for line in f:
+            report = json.loads(line)
+            latest[(report["trace"], report["scale"], report["pp"])] = report
+    for report in latest.values():
+        for row in rows(report):
+            print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
