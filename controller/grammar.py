@@ -10,15 +10,18 @@ sequence's sampling parameters.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from llguidance import LLMatcher
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from controller.scheduler import InvalidRequestError
 
 Kind = Literal["json_object", "json_schema", "regex", "choice"]
 
-JSON_DEFAULTS = {"whitespace_flexible": False}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 """JSON as json.dumps writes it: no free whitespace between tokens, which a model (a small one
 above all) could otherwise write until max_tokens, leaving JSON that never closes."""
 

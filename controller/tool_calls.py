@@ -112,7 +112,7 @@ def tool_grammar(spec: ToolSpec) -> str | None:
                 "additionalProperties": False,
             }
             for name, parameters in schemas.items()
-        ]
+        ],
     }
     lark = (
         f'start: call ("\\n" call)*\ncall: {json.dumps(CALL_OPEN + chr(10))} body '
