@@ -152,23 +152,73 @@ def run_simulation(
 
     stop_delay_s: stop as soon as more than half the requests are known to wait longer than this
     to be scheduled (the median scheduling delay then exceeds it whatever happens next)."""
-    num_requests = len(requests)
-    late_limit = num_requests // 2
-    late_seq_ids: set[int] = set()
-    records: list[RequestRecord] = []
-    gaps: array[float] = array("d")
-    last_token_s: dict[int, float] = {}
-    num_rejected = 0
-    next_arrival = 0
-    now = requests[0].arrival_s if requests else 0.0
+    replay = _Replay(scheduler, pipeline, requests, stop_delay_s, progress)
     pipeline.steady_window_s = steady_window([r.arrival_s for r in requests])
+    now = requests[0].arrival_s if requests else 0.0
     loops = 0
     stopped = False
-    while next_arrival < num_requests or scheduler.has_unfinished:
-        # 1. Results that are back: the engine applies them first.
-        for done_s, batch in pipeline.pop_completed(now):
+    while replay.next_arrival < len(requests) or scheduler.has_unfinished:
+        replay.apply_results(now)  # the engine applies what is back first
+        replay.admit_arrivals(now)
+        if pipeline.stage0_free_at_s <= now:  # stage 0 free: ask for the next micro-batch
+            new_batch = scheduler.schedule(now)
+            if new_batch is not None:
+                pipeline.submit(new_batch, now)
+                replay.note_late_starts(new_batch, now)
+                continue
+        loops += 1
+        if loops % 512 == 0 and replay.median_delay_exceeded(now):
+            stopped = True
+            break
+        next_s = replay.next_event_s(now)
+        if next_s is None:
+            break  # the last results just came back
+        now = next_s
+    return SimulationResult(
+        requests=replay.records,
+        tbt_gaps_s=replay.gaps,
+        stage_busy_s=list(pipeline.stage_busy_s),
+        start_s=requests[0].arrival_s if requests else 0.0,
+        end_s=max(now, pipeline.last_busy_end_s),
+        num_batches=pipeline.num_batches,
+        num_preemptions=scheduler.num_preemptions,
+        num_rejected=replay.num_rejected,
+        stopped_early=stopped,
+        stage_intervals=pipeline.stage_intervals,
+        steady_window_s=pipeline.steady_window_s,
+        steady_stage_busy_s=list(pipeline.steady_busy_s),
+    )
+
+
+class _Replay:
+    """run_simulation's state and the steps of its loop (the engine's side effects, simulated)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        pipeline: SimulatedPipeline,
+        requests: Sequence[SimRequest],
+        stop_delay_s: float | None,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.pipeline = pipeline
+        self.requests = requests
+        self.stop_delay_s = stop_delay_s
+        self.progress = progress
+        self.next_arrival = 0
+        self.num_rejected = 0
+        self.records: list[RequestRecord] = []
+        self.gaps: array[float] = array("d")
+        self._last_token_s: dict[int, float] = {}
+        self._late_seq_ids: set[int] = set()
+
+    def apply_results(self, now: float) -> None:
+        """Micro-batches back by now: their tokens applied, gaps and finished requests kept."""
+        last_token_s, gaps = self._last_token_s, self.gaps
+        for done_s, batch in self.pipeline.pop_completed(now):
             sampled = dict.fromkeys(batch.yielding_seq_ids(), 0)
-            for seq in scheduler.on_result(batch.batch_id, sampled, done_s):
+            for seq in self.scheduler.on_result(batch.batch_id, sampled, done_s):
                 sid = seq.seq_id
                 previous = last_token_s.get(sid)
                 if previous is not None:
@@ -176,7 +226,7 @@ def run_simulation(
                 last_token_s[sid] = done_s
                 if seq.finish_reason is not None:
                     del last_token_s[sid]
-                    records.append(
+                    self.records.append(
                         RequestRecord(
                             seq.arrival_time,
                             seq.first_scheduled_time or seq.arrival_time,
@@ -186,75 +236,65 @@ def run_simulation(
                             len(seq.output_token_ids),
                         )
                     )
-            if progress is not None:
-                progress(len(records))
-        # 2. Arrivals up to now.
-        while next_arrival < num_requests and requests[next_arrival].arrival_s <= now:
-            req = requests[next_arrival]
+            if self.progress is not None:
+                self.progress(len(self.records))
+
+    def admit_arrivals(self, now: float) -> None:
+        requests = self.requests
+        while self.next_arrival < len(requests) and requests[self.next_arrival].arrival_s <= now:
+            req = requests[self.next_arrival]
             try:
-                scheduler.add_request(
-                    next_arrival,
+                self.scheduler.add_request(
+                    self.next_arrival,
                     [0] * req.num_prompt_tokens,
                     RequestParams(max_tokens=req.num_output_tokens),
                     req.arrival_s,
                 )
             except InvalidRequestError as err:
-                num_rejected += 1
-                logger.debug("request %d rejected: %s", next_arrival, err)
-            next_arrival += 1
-        # 3. Stage 0 free: ask for the next micro-batch.
-        if pipeline.stage0_free_at_s <= now:
-            new_batch = scheduler.schedule(now)
-            if new_batch is not None:
-                pipeline.submit(new_batch, now)
-                if stop_delay_s is not None:
-                    # Decodes never start a prompt: only the other chunks are looked at.
-                    for chunk in new_batch.other_chunks:
-                        if chunk.first_position == 0 and chunk.seq_id not in late_seq_ids:
-                            admitted = scheduler.get(chunk.seq_id)
-                            if admitted is not None and now - admitted.arrival_time > stop_delay_s:
-                                late_seq_ids.add(chunk.seq_id)
-                continue
-        loops += 1
-        if stop_delay_s is not None and loops % 512 == 0:
-            waiting_late = sum(
-                1
-                for s in scheduler.waiting
-                if s.first_scheduled_time is None and now - s.arrival_time > stop_delay_s
-            )
-            if len(late_seq_ids) + waiting_late > late_limit:
-                stopped = True
-                break
-        # 4. Advance virtual time to the next event.
+                self.num_rejected += 1
+                logger.debug("request %d rejected: %s", self.next_arrival, err)
+            self.next_arrival += 1
+
+    def note_late_starts(self, batch: MicroBatch, now: float) -> None:
+        """Requests this micro-batch starts later than stop_delay_s after their arrival."""
+        if self.stop_delay_s is None:
+            return
+        # Decodes never start a prompt: only the other chunks are looked at.
+        for chunk in batch.other_chunks:
+            if chunk.first_position == 0 and chunk.seq_id not in self._late_seq_ids:
+                admitted = self.scheduler.get(chunk.seq_id)
+                if admitted is not None and now - admitted.arrival_time > self.stop_delay_s:
+                    self._late_seq_ids.add(chunk.seq_id)
+
+    def median_delay_exceeded(self, now: float) -> bool:
+        """More than half the requests are known to start later than stop_delay_s."""
+        if self.stop_delay_s is None:
+            return False
+        waiting_late = sum(
+            1
+            for s in self.scheduler.waiting
+            if s.first_scheduled_time is None and now - s.arrival_time > self.stop_delay_s
+        )
+        return len(self._late_seq_ids) + waiting_late > len(self.requests) // 2
+
+    def next_event_s(self, now: float) -> float | None:
+        """Virtual time of the next arrival, completion or free stage 0; None when nothing is
+        left. Raises RuntimeError when work is left but nothing can happen."""
         next_s = float("inf")
-        if next_arrival < num_requests:
-            next_s = requests[next_arrival].arrival_s
-        completion = pipeline.next_completion_s
+        if self.next_arrival < len(self.requests):
+            next_s = self.requests[self.next_arrival].arrival_s
+        completion = self.pipeline.next_completion_s
         if completion is not None and completion < next_s:
             next_s = completion
-        free_s = pipeline.stage0_free_at_s
+        free_s = self.pipeline.stage0_free_at_s
         if now < free_s < next_s:
             next_s = free_s
-        if next_s == float("inf"):
-            if not scheduler.has_unfinished:
-                break  # the last results just came back
-            raise RuntimeError(
-                f"simulation stuck at t={now:.3f}s: {scheduler.num_waiting} waiting, "
-                f"{scheduler.num_running} running, nothing in flight"
-            )
-        now = next_s
-    start_s = requests[0].arrival_s if requests else 0.0
-    return SimulationResult(
-        requests=records,
-        tbt_gaps_s=gaps,
-        stage_busy_s=list(pipeline.stage_busy_s),
-        start_s=start_s,
-        end_s=max(now, pipeline.last_busy_end_s),
-        num_batches=pipeline.num_batches,
-        num_preemptions=scheduler.num_preemptions,
-        num_rejected=num_rejected,
-        stopped_early=stopped,
-        stage_intervals=pipeline.stage_intervals,
-        steady_window_s=pipeline.steady_window_s,
-        steady_stage_busy_s=list(pipeline.steady_busy_s),
-    )
+        if next_s != float("inf"):
+            return next_s
+        scheduler = self.scheduler
+        if not scheduler.has_unfinished:
+            return None
+        raise RuntimeError(
+            f"simulation stuck at t={now:.3f}s: {scheduler.num_waiting} waiting, "
+            f"{scheduler.num_running} running, nothing in flight"
+        )
