@@ -224,8 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def find_controller(args: argparse.Namespace) -> tuple[EtcdRegistration, str]:
     """Registers in etcd under a lease and returns the controller's control address."""
     # Imported here: etcd's client brings gRPC, which a worker outside cluster mode does not
-    # need (a local worker once died in start-up with gRPC's poller aborting on a bad file
-    # descriptor; without gRPC loaded that cannot happen).
+    # need (and no longer loads).
     from stage_worker.etcd_registration import EtcdRegistration
 
     model = os.path.basename(os.path.normpath(args.model))

@@ -6,10 +6,9 @@ child gets SIGTERM if this process dies (PR_SET_PDEATHSIG), and `stop()` leaves 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,13 +23,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM when the parent goes away, even by SIGKILL."""
-    with contextlib.suppress(OSError):  # not Linux: children then rely on stop()
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent_prefix() -> list[str]:
+    """What a child's command starts with so it gets SIGTERM when this process goes away, even
+    by SIGKILL: util-linux's setpriv sets the parent-death signal and execs the command (same
+    pid). Not a preexec_fn: Python code between fork and exec in a process whose gRPC threads
+    are busy (a test holding channels) made gRPC abort the child. Without setpriv (not Linux),
+    children rely on stop()."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -161,11 +162,10 @@ class LocalCluster:
         # A restarted child appends to its log, so the crash stays readable above the restart.
         log_file = open(self.log_dir / f"{name}.log", "ab" if restart else "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, *args],
+            [*_die_with_parent_prefix(), sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,
         )
         log_file.close()
         self.procs.append((name, proc))
