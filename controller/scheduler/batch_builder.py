@@ -433,7 +433,8 @@ class BatchBuilder:
         self.num_prompt_tokens += num_tokens
         seq.num_computed_tokens = end
         seq.num_inflight_batches += 1
-        if end >= len(seq.prompt_token_ids) and seq.seq_id in self._sched.forks:
+        forks = self._sched.forks
+        if forks and end >= len(seq.prompt_token_ids) and seq.seq_id in forks:
             self._sched.forking.append(seq)  # its n - 1 siblings fork once the batch is built
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = self._now
