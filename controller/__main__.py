@@ -201,6 +201,12 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds without a completed step (requests waiting) before health is NOT_SERVING",
     )
+    p.add_argument(
+        "--step-log",
+        default="",
+        metavar="FILE",
+        help="append one JSON line per micro-batch (its tokens, each stage's time) to FILE",
+    )
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API (TLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument(
@@ -328,6 +334,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
             worker_start_timeout_s=args.worker_start_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout,
             stall_timeout_s=args.stall_timeout,
+            step_log_file=args.step_log,
             tls_cert_file=args.tls_cert,
             tls_key_file=args.tls_key,
             auth_token_file=args.auth_token_file,

@@ -37,6 +37,7 @@ from controller.scheduler import CacheConfig, ConfigError, Scheduler
 from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
 from controller.stage_report import publish_stage_metrics
+from controller.step_log import StepLog
 from controller.tokenizer import TextStream, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,11 @@ def make_pipeline(
         socket_ifname=config.server.socket_ifname,
         heartbeat_timeout_s=config.server.heartbeat_timeout_s,
         new_dist_port=None if cluster_mode else lambda: free_tcp_port("127.0.0.1"),
+        step_log=(
+            StepLog.open(config.server.step_log_file, config.parallel.pp)
+            if config.server.step_log_file
+            else None
+        ),
     )
 
 

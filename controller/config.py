@@ -81,6 +81,8 @@ class ServerConfig:
     auth_token_file: str = ""
     """File with one bearer token per line; when set, every API call must carry
     `authorization: Bearer <token>` (gRPC metadata, HTTP header)."""
+    step_log_file: str = ""
+    """Append one JSON line per micro-batch here (controller/step_log.py); empty: none."""
 
     def __post_init__(self) -> None:
         for name in ("port", "metrics_port", "http_port", "dist_port"):

@@ -27,6 +27,7 @@ from controller.executor.membership import PipelineSlots, WorkerInfo
 from controller.executor.plan_codec import decode_result, encode_plan_messages
 from controller.logprobs import TokenLogprobs, decode_logprobs, decode_prompt_logprobs
 from controller.scheduler import MicroBatch
+from controller.step_log import StepLog
 from controller.step_phases import ControllerPhases, clock
 from controller.telemetry import StageTelemetry
 
@@ -52,10 +53,12 @@ class PipelineExecutor:
         socket_ifname: str = "",
         heartbeat_timeout_s: float = 5.0,
         new_dist_port: Callable[[], int] | None = None,
+        step_log: StepLog | None = None,
     ) -> None:
         """dist_host empty: the torch.distributed rendezvous is stage 0 rank 0's host (its rank
         hosts the store), known once that worker has said hello. new_dist_port: a fresh
-        rendezvous port for each rebuild (local mode); None keeps dist_port."""
+        rendezvous port for each rebuild (local mode); None keeps dist_port. step_log: where
+        each micro-batch's composition and stage times go (--step-log)."""
         self.channel = channel
         self.parallel = parallel
         self.model = model
@@ -67,6 +70,7 @@ class PipelineExecutor:
         self.new_dist_port = new_dist_port
         self.stages = [StageTelemetry(stage=s) for s in range(parallel.pp)]
         self.phases = ControllerPhases()
+        self.step_log = step_log
         """The controller's step phases: this executor's, and the engine's (given the same)."""
         self.started_at = time.monotonic()
         self.last_submitted_batch_id = 0
@@ -202,6 +206,8 @@ class PipelineExecutor:
         self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
         self._all_ready.clear()
         self.phases.forget_in_flight()
+        if self.step_log is not None:
+            self.step_log.forget_in_flight()
         for stage in self.stages:
             stage.tp_ranks.clear()
             stage.last_batch_id = self.last_submitted_batch_id  # lost batches are not in flight
@@ -280,6 +286,8 @@ class PipelineExecutor:
         sent = clock()
         phases.send_s += sent - sending
         phases.sent(batch.batch_id, sent)
+        if self.step_log is not None:
+            self.step_log.sent(batch, sent)
         if unreachable:
             await self.fail("; ".join(unreachable), lost_stages)
 
@@ -315,6 +323,8 @@ class PipelineExecutor:
         prompt = decode_prompt_logprobs(result) if result.prompt_logprobs else {}
         phases.decode_s += clock() - decoding
         phases.returned(result.batch_id, arrived)
+        if self.step_log is not None:
+            self.step_log.returned(result.batch_id, arrived)
         on_result(result.batch_id, sampled, logprobs, prompt)
 
     def _on_heartbeat(self, hb: stage_pb2.Heartbeat) -> None:
@@ -324,6 +334,11 @@ class PipelineExecutor:
         stage.on_heartbeat(time.monotonic(), hb.last_batch_id, hb.step_busy_s, hb.busy_s_total)
         if hb.HasField("phases"):
             stage.phases = hb.phases
+            if self.step_log is not None:
+                p = hb.phases
+                self.step_log.stage_reported(
+                    hb.stage, hb.last_batch_id, p.step_s, p.prepare_s, p.recv_wait_s
+                )
 
     def inflight_on_stage(self, stage: int) -> int:
         return max(0, self.last_submitted_batch_id - self.stages[stage].last_batch_id)

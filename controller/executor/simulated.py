@@ -81,7 +81,7 @@ class SimulatedPipeline:
                     self.steady_busy_s[stage] += overlap
             if intervals is not None:
                 intervals[stage].append((start_s, end_s))
-            ready_s = end_s + cost.transfer_s if stage < last else end_s
+            ready_s = end_s + cost.transfer_s if stage < last else end_s + cost.return_s
         heapq.heappush(self._completions, (ready_s, batch.batch_id, batch))
         self.num_batches += 1
         return ready_s

@@ -177,6 +177,9 @@ class StageCost:
     """Compute time of the micro-batch on each stage, in stage order."""
     transfer_s: float
     """Activation transfer between two consecutive stages."""
+    return_s: float = 0.0
+    """After the last stage: until the scheduler has the result and its next plan could start
+    (a live controller's turnaround; 0 for the analytic model, whose step overhead holds it)."""
 
 
 class AnalyticCostModel:

@@ -3,8 +3,11 @@ each policy's capacity at the strict SLO and its P99 TBT, median TTFT and bubble
 fixed rate, then measure the same live.
 
 `python -m sarathictl.bench.validate --model DIR --trace splitwise --scale 0.25 --pp 2 ...`
-One cluster per policy; the first (sarathi) is calibrated (calibrate.py) and its measured
-decode step of a batch of 32 sets the strict SLO (5x) for every policy, live and simulated. The
+A first cluster is calibrated (calibrate.py, from the controller's step log; sarathi with a
+budget that holds the longest request, so that lone prompts run whole) and its measured decode
+step of a batch of 32 sets the strict SLO (5x) for every policy, live and simulated. Then one
+cluster per policy, whose step log also gives the fitted profile's error on the micro-batches
+that policy really ran at the fixed rate. The
 scaled requests are written once as a trace with arrival times and replayed by both sides
 (simulator and live), so they see the same requests at the same times. Live capacity is checked
 where the target puts it: a probe at (1 - tolerance) and one at (1 + tolerance) times the
@@ -22,11 +25,17 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sarathictl.bench.calibrate import Calibration, calibrate
+from controller.simulator.linear_profile import StageCoefficients
+from sarathictl.bench.calibrate import (
+    Calibration,
+    calibrate,
+    fit_error,
+    profile_rows,
+    read_step_log,
+)
 from sarathictl.bench.capacity_cmd import measure_capacity
 from sarathictl.bench.live_capacity import SLO_FACTORS, with_budget
 from sarathictl.bench.live_load import replay, scale_requests
@@ -102,11 +111,16 @@ def measure_policy_live(
     fixed_qps: float,
     slo_s: float,
     args: argparse.Namespace,
+    step_log: Path,
+    coefficients: StageCoefficients,
 ) -> dict[str, Any]:
-    """Fixed-rate runs, and the capacity check around the prediction, repeated."""
+    """Fixed-rate runs, and the capacity check around the prediction, repeated; the profile's
+    error on the fixed-rate runs' micro-batches (the cluster's step log)."""
+    offset = step_log.stat().st_size
     fixed = live_runs(cluster.addr, spec, fixed_qps, args.repeats)
     out: dict[str, Any] = {
-        "fixed": {k: spread([summary(m)[k] for m in fixed]) for k in summary(fixed[0])}
+        "fixed": {k: spread([summary(m)[k] for m in fixed]) for k in summary(fixed[0])},
+        "profile_error": fit_error(profile_rows(read_step_log(step_log, offset)), coefficients),
     }
     for name, factor in (("below", 1 - args.tolerance), ("above", 1 + args.tolerance)):
         qps = predicted_qps * factor
@@ -125,31 +139,51 @@ def append(path: Path, report: dict[str, Any]) -> None:
         f.write(json.dumps(report, default=str) + "\n")
 
 
+def calibrate_on_live(
+    args: argparse.Namespace, folder: Path, budget: int
+) -> tuple[Calibration, float]:
+    """The calibration, on a cluster of its own; and the strict SLO it measures."""
+    step_log = folder / "calibration-steps.jsonl"
+    step_log.touch()
+    config = with_budget(cluster_config(args, "sarathi", step_log), budget)
+    with LocalCluster(config) as cluster:
+        say(f"calibrating on the live cluster (PP={args.pp}, budget {budget})")
+        cal = calibrate(cluster.addr, step_log, args.repeats, say)
+    slo_s = SLO_FACTORS["strict"] * cal.decode32_gap_s
+    say(f"strict SLO: P99 TBT <= {slo_s:.3f} s")
+    return cal, slo_s
+
+
+def cluster_config(args: argparse.Namespace, policy: str, step_log: Path) -> LocalClusterConfig:
+    return LocalClusterConfig(
+        model_dir=args.model, pp=args.pp, port=0, threads_per_worker=1, policy=policy,
+        extra_controller_args=("--step-log", str(step_log)),
+    )  # fmt: skip
+
+
 def validate(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     spec, longest = write_scaled_trace(args, folder)
     budgets = {p: budget_for(p, args, longest) for p in args.policies}
-    base = LocalClusterConfig(model_dir=args.model, pp=args.pp, port=0, threads_per_worker=1)
     report: dict[str, Any] = {"trace": args.trace, "scale": args.scale, "pp": args.pp,
                               "num_requests": spec.num_requests, "budgets": budgets}  # fmt: skip
-    predictions: dict[str, dict[str, Any]] = {}
-    fixed_qps = slo_s = 0.0
+    cal, slo_s = calibrate_on_live(args, folder, budget_for("vllm", args, longest))
+    predictions = predict(spec, cal, args.pp, budgets, slo_s)
+    fixed_qps = args.fixed_share * min(p["capacity_qps"] for p in predictions.values())
+    report |= {"slo_s": slo_s, "fixed_qps": fixed_qps, "calibration": {
+        "num_rows": len(cal.rows), "fit_error": cal.fit_error,
+        "coefficients": vars(cal.coefficients)}}  # fmt: skip
     for policy in args.policies:
         started = time.perf_counter()
-        config = with_budget(replace(base, policy=policy), budgets[policy])
+        step_log = folder / f"{policy}-steps.jsonl"
+        step_log.touch()
+        config = with_budget(cluster_config(args, policy, step_log), budgets[policy])
         with LocalCluster(config) as cluster:
-            if not predictions:
-                say(f"[{policy}] calibrating on the live cluster (PP={args.pp})")
-                cal = calibrate(cluster.addr, args.pp, args.repeats, say)
-                slo_s = SLO_FACTORS["strict"] * cal.decode32_gap_s
-                say(f"strict SLO: P99 TBT <= {slo_s:.3f} s")
-                predictions = predict(spec, cal, args.pp, budgets, slo_s)
-                fixed_qps = args.fixed_share * min(p["capacity_qps"] for p in predictions.values())
-                report |= {"slo_s": slo_s, "fixed_qps": fixed_qps, "calibration": {
-                    "rows": cal.rows, "coefficients": vars(cal.coefficients)}}  # fmt: skip
             predicted = predictions[policy]["capacity_qps"]
             say(f"[{policy}] live: fixed rate {fixed_qps:.3f} req/s x{args.repeats}, then "
                 f"{predicted:.3f} req/s x (1 -/+ {args.tolerance:g})")  # fmt: skip
-            live = measure_policy_live(cluster, spec, predicted, fixed_qps, slo_s, args)
+            live = measure_policy_live(
+                cluster, spec, predicted, fixed_qps, slo_s, args, step_log, cal.coefficients
+            )
         sim = prepare(predictions[policy]["setup"]).run(fixed_qps)
         report[policy] = {"predicted_capacity_qps": predicted, "simulated": summary(sim),
                           "live": live, "wall_s": time.perf_counter() - started}  # fmt: skip

@@ -27,6 +27,13 @@ def capacity_verdict(live: dict[str, Any]) -> str:
     return "live higher"
 
 
+def _profile_error(live: dict[str, Any]) -> str:
+    """The calibrated profile against the micro-batches this policy ran live at the fixed rate:
+    median (90th percentile) of |relative error| of a stage's time."""
+    error = live.get("profile_error")
+    return f"{error['median']:.0%} ({error['p90']:.0%})" if error else "-"
+
+
 def rows(report: dict[str, Any]) -> list[str]:
     out = []
     for policy in ("sarathi", "vllm", "orca"):
@@ -45,7 +52,8 @@ def rows(report: dict[str, Any]) -> list[str]:
             f"{_spread(fixed['tbt_p99_s'], 1e3, '.0f')} | "
             f"{_error(sim['tbt_p99_s'], fixed['tbt_p99_s']['median'])} | "
             f"{sim['ttft_p50_s'] * 1e3:.0f} | {_spread(fixed['ttft_p50_s'], 1e3, '.0f')} | "
-            f"{sim['bubble_fraction']:.0%} | {_spread(fixed['bubble_fraction'], 100, '.0f')}% |"
+            f"{sim['bubble_fraction']:.0%} | {_spread(fixed['bubble_fraction'], 100, '.0f')}% | "
+            f"{_profile_error(live)} |"
         )
     return out
 
@@ -53,8 +61,8 @@ def rows(report: dict[str, Any]) -> list[str]:
 HEADER = (
     "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdicts) | "
     "capacity | P99 TBT ms sim | live median (range) | error | TTFT p50 ms sim | live median "
-    "(range) | bubble sim | live median (range) |\n"
-    "| --- | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    "(range) | bubble sim | live median (range) | profile error on live steps |\n"
+    "| --- | ---: | --- | ---: | --- | --- " + "| ---: " * 8 + "|"
 )
 
 

@@ -1,0 +1,55 @@
+"""`--step-log` on a live local cluster (PP=2, a tiny random model): the lines account for every
+token a request ran, in the micro-batches the budget cut it into, each with both stages' own
+time, and the calibration fits a profile from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sarathi_proto import generate_pb2
+from sarathictl.bench.calibrate import profile_rows
+from sarathictl.client import Client
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+from controller.scheduler.step_cost import attended
+from controller.simulator.linear_profile import fit_rows
+from tests.integration.cluster_factories import make_tiny_served_model
+
+pytestmark = pytest.mark.integration
+
+PROMPT_TOKENS = (100, 40, 7, 64, 20, 3, 90, 12)
+OUTPUT_TOKENS = 5
+
+
+def test_the_step_log_accounts_for_every_token_with_each_stages_time(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
+    step_log = tmp_path_factory.mktemp("steps") / "steps.jsonl"
+    config = LocalClusterConfig(
+        model_dir=str(model_dir), pp=2, budget_tokens=64, port=0, kv_cache_bytes=16 << 20,
+        log_dir=str(tmp_path_factory.mktemp("logs")),
+        extra_controller_args=("--step-log", str(step_log)),
+    )  # fmt: skip
+    with LocalCluster(config) as cluster, Client(cluster.addr) as client:
+        for i, n in enumerate(PROMPT_TOKENS):  # one after the other: nothing else in the batch
+            request = generate_pb2.GenerateRequest(
+                prompt_token_ids=[5 + (i + t) % 200 for t in range(n)],
+                max_tokens=OUTPUT_TOKENS,
+                ignore_eos=True,
+            )
+            assert len([r for r in client.generate(request, timeout_s=120) if r.token_ids]) > 0
+    lines = [json.loads(line) for line in step_log.read_text().splitlines()]
+    assert sum(line["prompt_tokens"] for line in lines) == sum(PROMPT_TOKENS)
+    assert sum(line["decodes"] for line in lines) == len(PROMPT_TOKENS) * (OUTPUT_TOKENS - 1)
+    first = lines[0]  # the 100-token prompt's first chunk, at the budget
+    assert (first["prompt_tokens"], first["prefill_pairs"]) == (64, attended(0, 64))
+    assert lines[1]["prompt_tokens"] == 36 and lines[1]["prefill_pairs"] == attended(64, 36)
+    for line in lines:
+        assert len(line["stages"]) == 2
+        assert all(s["work_s"] > 0 for s in line["stages"]), line
+        assert line["stages"][1]["recv_wait_s"] >= 0
+        assert 0 <= line["sent_s"] < line["returned_s"]
+    fitted = fit_rows(profile_rows(lines))
+    assert fitted.stage_time_s(64, 0, attended(0, 64), 0) > fitted.stage_time_s(0, 1, 0, 10) > 0
