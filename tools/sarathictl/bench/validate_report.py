@@ -34,6 +34,16 @@ def _profile_error(live: dict[str, Any]) -> str:
     return f"{error['median']:.0%} ({error['p90']:.0%})" if error else "-"
 
 
+def probe_cell(r: dict[str, Any], name: str) -> str:
+    """`rate: verdict (median delay live / simulated)` of one capacity probe."""
+    probe = r["live"][name]
+    verdicts = "/".join("pass" if p else "fail" for p in probe["passed"])
+    live_delay = "/".join(f"{d:.2f}" for d in probe["delay_p50_s"])
+    sim = r.get("simulated_probes", {}).get(name)
+    sim_delay = f" / {sim['scheduling_delay_p50_s']:.2f}" if sim else ""
+    return f"{probe['qps']:.3f}: {verdicts} ({live_delay}{sim_delay} s)"
+
+
 def rows(report: dict[str, Any]) -> list[str]:
     out = []
     for policy in ("sarathi", "vllm", "orca"):
@@ -44,10 +54,8 @@ def rows(report: dict[str, Any]) -> list[str]:
         fixed = live["fixed"]
         out.append(
             f"| {report['trace']} x{report['scale']:g} | {report['pp']} | {policy} | "
-            f"{r['predicted_capacity_qps']:.3f} | {live['below']['qps']:.3f}: "
-            f"{'/'.join('pass' if p else 'fail' for p in live['below']['passed'])}; "
-            f"{live['above']['qps']:.3f}: "
-            f"{'/'.join('pass' if p else 'fail' for p in live['above']['passed'])} | "
+            f"{r['predicted_capacity_qps']:.3f} | {probe_cell(r, 'below')}; "
+            f"{probe_cell(r, 'above')} | "
             f"{capacity_verdict(live)} | {sim['tbt_p99_s'] * 1e3:.0f} | "
             f"{_spread(fixed['tbt_p99_s'], 1e3, '.0f')} | "
             f"{_error(sim['tbt_p99_s'], fixed['tbt_p99_s']['median'])} | "
@@ -59,7 +67,8 @@ def rows(report: dict[str, Any]) -> list[str]:
 
 
 HEADER = (
-    "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdicts) | "
+    "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdict (median "
+    "scheduling delay live / sim)) | "
     "capacity | P99 TBT ms sim | live median (range) | error | TTFT p50 ms sim | live median "
     "(range) | bubble sim | live median (range) | profile error on live steps |\n"
     "| --- | ---: | --- | ---: | --- | --- " + "| ---: " * 8 + "|"
