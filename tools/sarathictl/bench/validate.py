@@ -13,7 +13,8 @@ scaled requests are written once as a trace with arrival times and replayed by b
 where the target puts it: a probe at (1 - tolerance) and one at (1 + tolerance) times the
 prediction (pass, then fail, means the live capacity lies within the tolerance), each repeated;
 the fixed-rate point (a share of the lowest predicted capacity) is repeated too, medians and
-spread reported. Each policy's result is appended to --out as one JSON line as it ends."""
+spread reported. Each policy's result is appended to --out as one JSON line as it ends; the
+scaled trace and the step logs are kept in a folder beside it."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import csv
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -221,8 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="append the JSON report here")
     args = p.parse_args(argv)
     args.policies = tuple(args.policies.split(","))
-    with tempfile.TemporaryDirectory() as folder:
-        validate(args, Path(folder))
+    # The scaled trace and every cluster's step log stay beside the report, to look into misses.
+    folder = (
+        args.out.parent / f"{args.out.stem}-{Path(args.trace).stem}-x{args.scale:g}-pp{args.pp}"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    say(f"the trace and the step logs go to {folder}")
+    validate(args, folder)
     return 0
 
 
