@@ -154,6 +154,9 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", default="", help="bearer tokens, one per line")
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API")
     p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
+    p.add_argument(
+        "--step-log", default="", metavar="FILE", help="one JSON line per micro-batch (README)"
+    )
 
 
 def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -168,6 +171,7 @@ def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
         ("--auth-token-file", args.auth_token_file),
         ("--tls-cert", args.tls_cert),
         ("--tls-key", args.tls_key),
+        ("--step-log", args.step_log),
     ):
         if value:
             flags += [flag, value]
