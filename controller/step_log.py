@@ -3,7 +3,7 @@ pipeline (sarathictl.bench.calibrate) and for seeing where one step's time went.
 
 A line is written once the micro-batch's result is back and every stage has reported it (the
 heartbeat a worker sends after each step). It holds what the cost model reads of a micro-batch
-(linear_profile.micro_batch_features) and, per stage, the step's own time from the worker's
+(scheduler/step_cost.py micro_batch_features) and, per stage, the step's own time from the worker's
 cumulative phases (generate.proto StepPhases, differenced between two steps):
 - `work_s`: plan off the socket to output sent, less the wait for the previous stage;
 - `prepare_s`, `recv_wait_s`: parsing the plan, and waiting for the activations;
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from controller.scheduler import MicroBatch
-from controller.simulator.linear_profile import micro_batch_features
+from controller.scheduler.step_cost import micro_batch_features
 from controller.step_phases import clock
 
 _MAX_PENDING = 4096

@@ -12,13 +12,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controller.scheduler.errors import ConfigError
+
+if TYPE_CHECKING:
+    from controller.scheduler.batch import MicroBatch
 
 
 def attended(first_position: int, num_tokens: int) -> int:
     """(query, key) pairs of a chunk of num_tokens from first_position (causal)."""
     return num_tokens * first_position + num_tokens * (num_tokens + 1) // 2
+
+
+def micro_batch_features(batch: MicroBatch) -> tuple[int, int, int, int]:
+    """(prompt tokens, decodes, prefill pairs, decode keys) of a micro-batch: what a profile's
+    coefficients weigh."""
+    prompt_tokens = decodes = prefill_pairs = decode_keys = 0
+    block = batch.decodes
+    if block is not None:  # a decode at position p reads p + 1 keys
+        decodes = len(block.seq_ids)
+        decode_keys = int(block.positions.sum()) + decodes
+    for chunk in batch.other_chunks:
+        if chunk.num_tokens == 1 and chunk.first_position > 0:
+            decodes += 1
+            decode_keys += chunk.first_position + 1
+        else:
+            prompt_tokens += chunk.num_tokens
+            prefill_pairs += attended(chunk.first_position, chunk.num_tokens)
+    return prompt_tokens, decodes, prefill_pairs, decode_keys
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from itertools import pairwise
 import numpy as np
 
 from controller.scheduler import MicroBatch
-from controller.scheduler.step_cost import attended
+from controller.scheduler.step_cost import micro_batch_features
 from controller.simulator.cost_model import StageCost
 from controller.simulator.step_cost_fit import nonnegative_fit
 
@@ -146,21 +146,3 @@ class LinearProfile:
         c = self.coefficients
         time_s = c.stage_time_s(*micro_batch_features(batch))
         return StageCost([time_s] * self.num_stages, 0.0, c.turnaround_s)
-
-
-def micro_batch_features(batch: MicroBatch) -> tuple[int, int, int, int]:
-    """(prompt tokens, decodes, prefill pairs, decode keys) of a micro-batch: what a profile's
-    coefficients weigh."""
-    prompt_tokens = decodes = prefill_pairs = decode_keys = 0
-    block = batch.decodes
-    if block is not None:  # a decode at position p reads p + 1 keys
-        decodes = len(block.seq_ids)
-        decode_keys = int(block.positions.sum()) + decodes
-    for chunk in batch.other_chunks:
-        if chunk.num_tokens == 1 and chunk.first_position > 0:
-            decodes += 1
-            decode_keys += chunk.first_position + 1
-        else:
-            prompt_tokens += chunk.num_tokens
-            prefill_pairs += attended(chunk.first_position, chunk.num_tokens)
-    return prompt_tokens, decodes, prefill_pairs, decode_keys
