@@ -54,9 +54,6 @@ class StepLog:
     def open(cls, path: str, num_stages: int) -> StepLog:
         return cls(open(path, "a", buffering=1), num_stages)  # line-buffered: readable live
 
-    def close(self) -> None:
-        self.out.close()
-
     def _now(self, at: float) -> float:
         return round(at - self.opened_at, 6)
 

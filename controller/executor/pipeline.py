@@ -70,8 +70,8 @@ class PipelineExecutor:
         self.new_dist_port = new_dist_port
         self.stages = [StageTelemetry(stage=s) for s in range(parallel.pp)]
         self.phases = ControllerPhases()
-        self.step_log = step_log
         """The controller's step phases: this executor's, and the engine's (given the same)."""
+        self.step_log = step_log
         self.started_at = time.monotonic()
         self.last_submitted_batch_id = 0
         self.up = False
