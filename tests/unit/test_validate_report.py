@@ -1,5 +1,5 @@
 """The simulator-against-live table: the capacity verdict follows the probes, and each probe shows
-its live and simulated median scheduling delay."""
+its live and simulated P99 TBT and median scheduling delay."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def policy_report(below: list[bool], above: list[bool], probes: bool = True) -> 
         "simulated": sim,
         "live": {
             "fixed": {"tbt_p99_s": spread, "ttft_p50_s": spread, "bubble_fraction": spread},
-            "below": {"qps": 0.85, "passed": below, "delay_p50_s": [1.25]},
-            "above": {"qps": 1.15, "passed": above, "delay_p50_s": [2.5]},
+            "below": {"qps": 0.85, "passed": below, "tbt_p99_s": [0.15], "delay_p50_s": [1.25]},
+            "above": {"qps": 1.15, "passed": above, "tbt_p99_s": [0.3], "delay_p50_s": [2.5]},
             "profile_error": {"median": 0.04, "p90": 0.12},
         },
     }
@@ -36,9 +36,14 @@ def test_the_verdict_names_the_side_that_missed() -> None:
 def test_a_row_shows_both_probes_delays_the_errors_and_the_profile_error() -> None:
     line = {"trace": "splitwise", "scale": 0.25, "pp": 2, "vllm": policy_report([True], [False])}
     (row,) = rows(line)
-    assert "0.850: pass (1.25 / 1.50 s); 1.150: fail (2.50 / 2.25 s)" in row
+    assert (
+        "0.850: pass (150 / 180 ms, 1.25 / 1.50 s); 1.150: fail (300 / 180 ms, 2.50 / 2.25 s)"
+        in row
+    )
     assert "| within |" in row
     assert "| -10% |" in row  # P99 TBT 180 ms simulated against 200 live
     assert row.endswith("| 4% (12%) |")
     older = {"trace": "arxiv", "scale": 0.1, "pp": 1, "orca": policy_report([True], [True], False)}
-    assert "0.850: pass (1.25 s)" in rows(older)[0]  # lines from before probes were simulated
+    assert (
+        "0.850: pass (150 ms, 1.25 s)" in rows(older)[0]
+    )  # lines from before probes were simulated

@@ -35,13 +35,16 @@ def _profile_error(live: dict[str, Any]) -> str:
 
 
 def probe_cell(r: dict[str, Any], name: str) -> str:
-    """`rate: verdict (median delay live / simulated)` of one capacity probe."""
+    """`rate: verdict (P99 TBT ms, median scheduling delay s; each live / simulated)` of one
+    capacity probe: the two figures the SLO rule reads."""
     probe = r["live"][name]
     verdicts = "/".join("pass" if p else "fail" for p in probe["passed"])
+    live_tbt = "/".join(f"{t * 1e3:.0f}" for t in probe["tbt_p99_s"])
     live_delay = "/".join(f"{d:.2f}" for d in probe["delay_p50_s"])
     sim = r.get("simulated_probes", {}).get(name)
+    sim_tbt = f" / {sim['tbt_p99_s'] * 1e3:.0f}" if sim else ""
     sim_delay = f" / {sim['scheduling_delay_p50_s']:.2f}" if sim else ""
-    return f"{probe['qps']:.3f}: {verdicts} ({live_delay}{sim_delay} s)"
+    return f"{probe['qps']:.3f}: {verdicts} ({live_tbt}{sim_tbt} ms, {live_delay}{sim_delay} s)"
 
 
 def rows(report: dict[str, Any]) -> list[str]:
@@ -67,8 +70,8 @@ def rows(report: dict[str, Any]) -> list[str]:
 
 
 HEADER = (
-    "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdict (median "
-    "scheduling delay live / sim)) | "
+    "| workload | PP | policy | predicted capacity req/s | live probes (rate: verdict (P99 TBT, "
+    "median scheduling delay; live / sim)) | "
     "capacity | P99 TBT ms sim | live median (range) | error | TTFT p50 ms sim | live median "
     "(range) | bubble sim | live median (range) | profile error on live steps |\n"
     "| --- | ---: | --- | ---: | --- | --- " + "| ---: " * 8 + "|"
