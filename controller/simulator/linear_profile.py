@@ -8,12 +8,12 @@ and after the last stage the controller's turnaround passes before the next plan
 
 tokens(n) is what the linear layers and the rest of the forward pass cost for n rows, piecewise
 linear between knots (powers of two up to the largest micro-batch seen) and extended past the
-last by its slope. It is not one slope: on the 2-core CPU pipeline 1 token costs 10.1 ms, 4
-cost 19.2, 16 cost 30.6, 64 cost 71 and 512 cost 509 (a stage of random Falcon-shaped weights,
-one thread; BENCHMARKS.md), so a fixed cost plus a per-token slope is either 70% high for a
-lone decode or far low for four. Attention is per pair: a prompt chunk's grows with its
-square, a decode's with its context. A lone prompt of n tokens has n (n + 1) / 2 prefill pairs;
-d decodes at context k read d (k + 1) keys.
+last by its slope. It is not one slope: on the 2-core CPU pipeline 1 token costs 10.0 ms, 4
+cost 19.5, 16 cost 29.1, 64 cost 72.4 and 512 cost 475 (one of two stages of random
+Falcon-shaped weights, one thread each; BENCHMARKS.md), so a fixed cost plus a per-token slope
+is either far high for a lone decode or far low for four. Attention is per pair: a prompt
+chunk's grows with its square, a decode's with its context. A lone prompt of n tokens has
+n (n + 1) / 2 prefill pairs; d decodes at context k read d (k + 1) keys.
 
 Every unknown enters linearly (a knot's value weighs a row by where its n falls between two
 knots), so the fit is one least-squares problem with every value >= 0
