@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=port("off"), default=0, help="Prometheus port (0: off)")
     p.add_argument(
+        "--step-log",
+        default="",
+        metavar="FILE",
+        help="append one JSON line per micro-batch (its tokens, each stage's time) to FILE",
+    )
+    p.add_argument(
         "--http-port", type=port("off"), default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
     p.add_argument(
@@ -200,12 +206,6 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
         type=float_in(0.5, 86400.0),
         default=30.0,
         help="seconds without a completed step (requests waiting) before health is NOT_SERVING",
-    )
-    p.add_argument(
-        "--step-log",
-        default="",
-        metavar="FILE",
-        help="append one JSON line per micro-batch (its tokens, each stage's time) to FILE",
     )
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API (TLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")

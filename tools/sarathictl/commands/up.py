@@ -111,6 +111,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0,
         help="Prometheus /metrics on its own port (0: off)",
     )
+    p.add_argument(
+        "--step-log", default="", metavar="FILE", help="one JSON line per micro-batch (README)"
+    )
     add_cluster_flags(p)
     add_reliability_flags(p)
     add_budget_flags(p)
@@ -154,9 +157,6 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", default="", help="bearer tokens, one per line")
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API")
     p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
-    p.add_argument(
-        "--step-log", default="", metavar="FILE", help="one JSON line per micro-batch (README)"
-    )
 
 
 def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -171,7 +171,6 @@ def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
         ("--auth-token-file", args.auth_token_file),
         ("--tls-cert", args.tls_cert),
         ("--tls-key", args.tls_key),
-        ("--step-log", args.step_log),
     ):
         if value:
             flags += [flag, value]
@@ -184,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     config = cluster_config(args, args.port, args.http_port or None)
     extra = reliability_args(args) + budget_args(args)
+    if args.step_log:
+        extra += ("--step-log", args.step_log)
     config = dataclasses.replace(config, extra_controller_args=extra)
     cluster = LocalCluster(config)
     print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
