@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
-from controller.admission import AdmissionConfig, check_admission
+from controller.admission import AdmissionConfig, QueueFullError, check_admission, overload_reason
 from controller.logprobs import TokenLogprobs
 from controller.metrics import ControllerMetrics
 from controller.scheduler import (
@@ -150,6 +150,8 @@ class Engine:
         phases to the same totals); None: a new one."""
         self.scheduler = scheduler
         self.admission = admission or AdmissionConfig()
+        self.overload_seen = ""
+        """Why a request was refused at a queue bound since take_overload_seen last ran."""
         self.pipeline = pipeline
         self.make_text_stream = make_text_stream
         self.metrics = metrics
@@ -185,13 +187,17 @@ class Engine:
         resumed = request.resume_token_ids
         if request.n > 1 and resumed:
             raise InvalidRequestError("resume_token_ids", "resumes one choice: needs n = 1")
-        check_admission(
-            self.admission,
-            self.scheduler.num_waiting,
-            self.scheduler.num_waiting_prompt_tokens,
-            len(request.prompt_token_ids) + len(resumed),
-            self.pipeline_up,
-        )
+        try:
+            check_admission(
+                self.admission,
+                self.scheduler.num_waiting,
+                self.scheduler.num_waiting_prompt_tokens,
+                len(request.prompt_token_ids) + len(resumed),
+                self.pipeline_up,
+            )
+        except QueueFullError:
+            self.overload_seen = self.overload_seen or self.overload_reason()
+            raise
         texts = [self._text_stream_after(request) for _ in range(request.n)]
         now = self.clock()
         if not self.scheduler.has_unfinished:
@@ -412,6 +418,20 @@ class Engine:
 
     def running_request_ids(self) -> list[str]:
         return list(self._by_request_id)
+
+    def overload_reason(self) -> str:
+        """Why requests of any size are refused now (admission.overload_reason); empty while
+        the queue admits them."""
+        scheduler = self.scheduler
+        return overload_reason(
+            self.admission, scheduler.num_waiting, scheduler.num_waiting_prompt_tokens
+        )
+
+    def take_overload_seen(self) -> str:
+        """The reason of the first refusal at a bound since the last call, then forgets it: a
+        burst that fills and drains the queue between two looks is still an overload."""
+        seen, self.overload_seen = self.overload_seen, ""
+        return seen
 
     def queue_full(self) -> bool:
         """True when a new request would be refused for the number of requests queued."""

@@ -1,8 +1,9 @@
 """Tells when admission overload starts and when it ends, for the controller's events.
 
 Overload is the admission queue at one of its bounds (controller/admission.py), so new requests
-are refused. It ends once the queue has stayed below its bounds for a while: a queue that
-refills at once after each admission is one overload, not many.
+are refused; a request refused there since the last look counts too, for a burst that fills and
+drains the queue between two looks. It ends once the queue has stayed below its bounds for a
+while: a queue that refills at once after each admission is one overload, not many.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from controller.admission import overload_reason
 from controller.engine import Engine
 
 # How often the queue is looked at.
@@ -48,10 +48,9 @@ class OverloadTracker:
 
 
 async def watch_overload(engine: Engine, tracker: OverloadTracker) -> None:
-    scheduler = engine.scheduler
     while True:
-        reason = overload_reason(
-            engine.admission, scheduler.num_waiting, scheduler.num_waiting_prompt_tokens
-        )
+        # A refusal between two looks counts: a burst can fill and drain the queue within a period.
+        seen = engine.take_overload_seen()
+        reason = engine.overload_reason() or seen
         tracker.sample(engine.clock(), reason)
         await asyncio.sleep(_PERIOD_S)

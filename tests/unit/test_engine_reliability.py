@@ -13,6 +13,7 @@ from controller.admission import (
     WhileDown,
 )
 from controller.engine import Engine
+from controller.overload_watch import OverloadTracker, watch_overload
 from controller.scheduler import (
     CacheConfig,
     ConfigError,
@@ -182,3 +183,27 @@ def test_stall_clock_runs_only_while_requests_wait_and_no_step_completes() -> No
     engine.add(request("r", prompt_len=3, max_tokens=2))
     now[0] = 207.0
     assert engine.stalled_for_s() == 7.0
+
+
+def test_a_burst_refused_and_drained_between_two_looks_is_still_one_overload() -> None:
+    """The overload watch samples every 0.25 s; a burst can fill the queue, be refused and drain
+    before it looks. The refusal itself must still start an overload event."""
+
+    async def main() -> list[str]:
+        engine, _ = make_engine(AdmissionConfig(max_queued_requests=2))
+        for i in range(2):
+            engine.add(request(f"r{i}", prompt_len=4, max_tokens=2))
+        with pytest.raises(QueueFullError):
+            engine.add(request("refused", prompt_len=4, max_tokens=2))
+        for i in range(2):
+            engine.abort(f"r{i}")  # drained before the watch's first look
+        assert engine.overload_reason() == ""
+        starts: list[str] = []
+        watch = asyncio.create_task(
+            watch_overload(engine, OverloadTracker(starts.append, lambda _: None))
+        )
+        await asyncio.sleep(0.6)  # two looks or more: the second finds nothing new
+        watch.cancel()
+        return starts
+
+    assert asyncio.run(main()) == ["2 requests queued (max_queued_requests=2)"]
