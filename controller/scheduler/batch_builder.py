@@ -145,50 +145,22 @@ class BatchBuilder:
         if not roster.size:
             return 0
         order = roster.order()
-        spread = sched.spread_decodes
         if roster.size < sched.vector_decodes_from:
             limit = self.budget_tokens - self.num_tokens if capped else roster.size
-            if spread:
+            if sched.spread_decodes:
                 return self._add_spread_decodes_as_chunks(order, limit)
             return self._walk_decodes(roster.seqs[order].tolist(), limit)
-        computed = roster.computed[order]
-        ready = computed < roster.num_tokens[order]  # else its last token is still in flight
-        if not sched.config.pipeline_prefill_chunks:
-            ready &= roster.inflight[order] == 0
-        # ndarray.nonzero, not np.flatnonzero: the same on 1-d arrays, without its wrappers'
-        # cost (a few microseconds, on every step).
-        if np.count_nonzero(ready) == len(ready):  # the usual case with one batch in flight
-            slots, positions = order, computed
-        else:
-            picked = ready.nonzero()[0]
-            slots, positions = order[picked], computed[picked]
-        limit = self.budget_tokens - self.num_tokens if capped else len(slots)
-        ready_slots = slots
-        chosen: npt.NDArray[np.bool_] | None = None  # set when passes change
-        if spread:
-            num_ready = len(slots)
-            quota = self._spread_quota()
-            if num_ready > min(quota, limit) or roster.num_passed:
-                passes = roster.passes[slots]
-                forced = int(np.count_nonzero(passes >= sched.config.pipeline_depth - 1))
-                take = max(min(max(quota, forced), limit), 0)
-                chosen = np.zeros(num_ready, np.bool_)
-                # Most passed over first, then admission order (a stable sort keeps it).
-                chosen[np.argsort(-passes, kind="stable")[:take]] = True
-                if take < num_ready:
-                    slots, positions = slots[chosen], positions[chosen]
-        elif limit < len(slots):
-            limit = max(limit, 0)
-            slots, positions = slots[:limit], positions[:limit]
+        ready_slots, ready_positions = self._ready_decodes(order)
+        limit = self.budget_tokens - self.num_tokens if capped else len(ready_slots)
+        slots, positions, chosen = self._pick_decodes(ready_slots, ready_positions, limit)
         if not len(slots):
             if chosen is not None:
                 self._settle_passes(roster.seqs[ready_slots].tolist())
             return 0
         crossing = (positions >= roster.kv_capacity[slots]).nonzero()[0]
-        bm = sched.block_manager
-        if len(crossing) > bm.num_free:
+        if len(crossing) > sched.block_manager.num_free:
             # Some decode would preempt: the exact one-by-one walk decides who.
-            if not spread:
+            if not sched.spread_decodes:
                 return self._walk_decodes(roster.seqs[order].tolist(), limit)
             return self._walk_spread_decodes(
                 roster.seqs[ready_slots].tolist(), roster.seqs[slots].tolist(), len(slots)
@@ -197,6 +169,63 @@ class BatchBuilder:
             # Every chosen decode goes (no block is short): passes settle with vector operations.
             roster.passes[ready_slots] = np.where(chosen, 0, roster.passes[ready_slots] + 1)
             roster.num_passed = len(ready_slots) - len(slots)
+        self._place_decodes(slots, positions, crossing)
+        return len(slots)
+
+    def _ready_decodes(
+        self, order: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The roster slots (admission order) whose next decode can go now, and its positions."""
+        sched = self._sched
+        roster = sched.roster
+        computed = roster.computed[order]
+        ready = computed < roster.num_tokens[order]  # else its last token is still in flight
+        if not sched.config.pipeline_prefill_chunks:
+            ready &= roster.inflight[order] == 0
+        # ndarray.nonzero, not np.flatnonzero: the same on 1-d arrays, without its wrappers'
+        # cost (a few microseconds, on every step).
+        if np.count_nonzero(ready) == len(ready):  # the usual case with one batch in flight
+            return order, computed
+        picked = ready.nonzero()[0]
+        return order[picked], computed[picked]
+
+    def _pick_decodes(
+        self, slots: npt.NDArray[np.int64], positions: npt.NDArray[np.int64], limit: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_] | None]:
+        """The ready decodes this micro-batch takes, at most limit: the first in admission order,
+        or with PP > 1 the spread's quota, most passed over first. The mask over the ready ones
+        comes back too when passes change (None when they do not)."""
+        sched = self._sched
+        if not sched.spread_decodes:
+            if limit < len(slots):
+                limit = max(limit, 0)
+                return slots[:limit], positions[:limit], None
+            return slots, positions, None
+        roster = sched.roster
+        num_ready = len(slots)
+        quota = self._spread_quota()
+        if num_ready <= min(quota, limit) and not roster.num_passed:
+            return slots, positions, None
+        passes = roster.passes[slots]
+        forced = int(np.count_nonzero(passes >= sched.config.pipeline_depth - 1))
+        take = max(min(max(quota, forced), limit), 0)
+        chosen = np.zeros(num_ready, np.bool_)
+        # Most passed over first, then admission order (a stable sort keeps it).
+        chosen[np.argsort(-passes, kind="stable")[:take]] = True
+        if take < num_ready:
+            return slots[chosen], positions[chosen], chosen
+        return slots, positions, chosen
+
+    def _place_decodes(
+        self,
+        slots: npt.NDArray[np.int64],
+        positions: npt.NDArray[np.int64],
+        crossing: npt.NDArray[np.int64],
+    ) -> None:
+        """Puts the picked decodes in as one vector block; crossing: the indices into slots whose
+        position needs a new KV block (there are enough free)."""
+        roster = self._sched.roster
+        bm = self._sched.block_manager
         new_block_ids: list[int] = []
         if len(crossing):
             new_block_ids = bm.allocate(len(crossing))
@@ -217,7 +246,6 @@ class BatchBuilder:
         )
         self.decodes_at = len(self.chunks)
         self.num_tokens += len(slots)
-        return len(slots)
 
     def _spread_quota(self) -> int:
         """With PP > 1: how many decodes this micro-batch takes at most (decodes passed over
