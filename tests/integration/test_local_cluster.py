@@ -215,6 +215,30 @@ def test_status_command_prints_a_table_and_json(cluster: RunningCluster) -> None
     assert "pipeline stages" in table and "sarathi" in table
 
 
+def test_generate_command_samples_n_answers_each_with_its_own_seed(
+    cluster: RunningCluster,
+) -> None:
+    import json
+
+    def sarathictl_generate(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sarathictl.cli", "generate", "The capital of France",
+             "--addr", cluster.addr, "--max-tokens", "6", "--ignore-eos", *flags],
+            capture_output=True, check=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    sampled = ("--temperature", "0.9", "--seed", "11")
+    many = json.loads(sarathictl_generate("--n", "3", *sampled, "--json").stdout)
+    assert [c["seed"] for c in many["choices"]] == [11, 12, 13]
+    assert [len(c["token_ids"]) for c in many["choices"]] == [6, 6, 6]
+    assert {c["finish_reason"] for c in many["choices"]} == {"length"}
+    one = json.loads(sarathictl_generate(*sampled, "--json").stdout)
+    assert one["seed"] == 11 and len(one["token_ids"]) == 6 and "choices" not in one
+    shown = sarathictl_generate("--n", "2", *sampled)
+    assert "--- choice 0 ---" in shown.stdout and "--- choice 1 ---" in shown.stdout
+    assert "choice 1: length: 6 tokens" in shown.stderr
+
+
 def test_reflection_lists_the_generation_service(cluster: RunningCluster) -> None:
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
