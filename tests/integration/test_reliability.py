@@ -332,7 +332,14 @@ def test_zz_controller_restart_workers_re_register_and_old_clients_get_unavailab
         print(f"\ncontroller kill -9: serving again after {time.monotonic() - killed_at:.2f} s")
         streamed = resumed.result(timeout=120)
     assert retries and 0 < retries[0] < 300  # it was cut mid-stream, and resumed
+    tokens = [t for r in streamed for t in r.token_ids]
+    assert len(tokens) == 300  # no token lost or repeated across the cut
+    # What follows the cut continues what came before it, with the same draws: a resume of the
+    # same tokens now, alone like the resumed one, streams the same. (test_x compares a resume
+    # with a fresh run; here, over 300 tokens, a float rounding that differs between the tokens
+    # recomputed in chunks and decoded one at a time flipped a draw once in ~30 runs.)
+    cut = retries[0]
     sampled.sampling.seed = first.seed
-    assert [t for r in streamed for t in r.token_ids] == greedy_stream(
-        cluster, list(sampled.prompt_token_ids), 300, sampled.sampling
-    )
+    sampled.resume_token_ids.extend(tokens[:cut])
+    continuation = list(cluster.stub.Generate(sampled, timeout=120))
+    assert [t for r in continuation for t in r.token_ids] == tokens[cut:]
