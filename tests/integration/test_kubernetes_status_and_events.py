@@ -86,6 +86,12 @@ class Kube:
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.api.events(NS) if e.get("reason") == reason]
 
+    def events_on_all(self, reason: str, pods: set[str]) -> list[dict[str, Any]]:
+        """The reason's events once every pod named has one (the sink posts them one by one),
+        else an empty list."""
+        found = self.events(reason)
+        return found if pods <= {e["involvedObject"]["name"] for e in found} else []
+
     def controller_log(self) -> str:
         return (self.cluster.log_dir / "controller.log").read_text(errors="replace")
 
@@ -198,19 +204,21 @@ def test_z_a_killed_stage_is_an_event_on_its_pod_and_the_rebuild_says_how_long(
 ) -> None:
     stage1 = next(p for name, p in kube.cluster.procs if name == "stage1-rank0")
     stage1.send_signal(signal.SIGKILL)
-    down = wait_for("StageDown", lambda: kube.events("StageDown"), 30)
-    assert {e["involvedObject"]["name"] for e in down} == {CONTROLLER_POD, f"{RELEASE}-p0-stage-1"}
+    on_down = {CONTROLLER_POD, f"{RELEASE}-p0-stage-1"}
+    down = wait_for("StageDown", lambda: kube.events_on_all("StageDown", on_down), 30)
+    assert {e["involvedObject"]["name"] for e in down} == on_down
     assert "stage 1 rank 0" in down[0]["message"]
+
+    on_rebuilt = {CONTROLLER_POD, f"{RELEASE}-p0-stage-0", f"{RELEASE}-p0-stage-1"}
 
     def restarted_and_rebuilt() -> list[dict[str, Any]]:
         kube.cluster.supervise()  # the killed worker, and the others the controller sent away
-        return kube.events("PipelineRebuilt")
+        return kube.events_on_all("PipelineRebuilt", on_rebuilt)
 
     rebuilt = wait_for("PipelineRebuilt", restarted_and_rebuilt, 180)
     message = rebuilt[0]["message"]
     assert "pipeline rebuilt (#1) in " in message and "requests were requeued" in message
-    names = {e["involvedObject"]["name"] for e in rebuilt}
-    assert names == {CONTROLLER_POD, f"{RELEASE}-p0-stage-0", f"{RELEASE}-p0-stage-1"}
+    assert {e["involvedObject"]["name"] for e in rebuilt} == on_rebuilt
 
 
 def test_without_rbac_the_controller_logs_one_line_and_serves_on(tmp_path: Path) -> None:
