@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from controller.executor.simulated import SimRequest
 from controller.scheduler.config import CHUNKED_POLICIES
@@ -120,18 +121,9 @@ def with_budget(config: LocalClusterConfig, budget_tokens: int) -> LocalClusterC
 
 def run_local(args: argparse.Namespace) -> int:
     """`sarathictl bench capacity --local ...`: capacity of each policy on real processes."""
-    from sarathictl.commands.up import resolve_model
-
     policies: tuple[str, ...] = args.policies
     say(f"[live] model {args.model}: PP={args.pp} TP={args.tp}, policies {', '.join(policies)}")
-    base = LocalClusterConfig(
-        model_dir=resolve_model(args.model),
-        pp=args.pp,
-        tp=args.tp,
-        port=0,
-        threads_per_worker=args.threads,
-        max_num_seqs=args.max_num_seqs,
-    )
+    base = base_config(args)
     spec = WorkloadSpec(source=args.trace, num_requests=args.num_requests, seed=args.seed)
 
     def requests_at(qps: float) -> list[SimRequest]:
@@ -139,95 +131,159 @@ def run_local(args: argparse.Namespace) -> int:
         return cap_probe(requests, args.max_probe_s)
 
     started = time.perf_counter()
-    decode_s = None
-    if args.tbt_slo in SLO_FACTORS:
-        say("[live] starting a cluster to measure the decode step of a batch of 32")
-        with LocalCluster(with_budget(base, args.budget)) as cluster:
-            decode_s = decode_step_s(cluster)
-        tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
-        say(
-            f"[live] decode step {decode_s:.3g} s: {args.tbt_slo} SLO is P99 TBT <= "
-            f"{tbt_slo_s:.3g} s ({SLO_FACTORS[args.tbt_slo]:g}x)"
-        )
-    else:
-        tbt_slo_s = float(args.tbt_slo)
-    longest = max(
-        p + o
-        for _, p, o in [(0, r.num_prompt_tokens, r.num_output_tokens) for r in requests_at(1.0)]
-    )
+    tbt_slo_s, decode_s = tbt_slo_s_from_args(args, base)
+    longest_tokens = longest_request_tokens(requests_at(1.0))
     results = []
     for policy in policies:
-        # Whole-prompt baselines batch prompts up to the longest request, as vLLM does.
-        budget = args.budget if policy in ("sarathi", "chunked_only") else -(-longest // 32) * 32
-        say(f"[{policy}] starting a local cluster (budget {budget} tokens)")
-        policy_started = time.perf_counter()
+        budget = policy_budget_tokens(policy, args.budget, longest_tokens)
+        results.append(search_policy_capacity(args, base, policy, budget, requests_at, tbt_slo_s))
+    report = live_report(base, tbt_slo_s, decode_s, results, time.perf_counter() - started)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_live_report(report, results)
+    return 0
 
-        def ready(policy: str = policy, since: float = policy_started) -> None:
-            say(
-                f"[{policy}] serving after {time.perf_counter() - since:.1f} s; "
-                f"searching from {rate(args.initial_qps)}, P99 TBT <= {tbt_slo_s:.3g} s"
-            )
 
-        result = measure_policy(
-            base,
-            policy,
-            budget,
-            requests_at,
-            tbt_slo_s,
-            args.initial_qps,
-            args.granularity,
-            args.saturation_qps,
-            on_probe=probe_printer(policy, tbt_slo_s),
-            on_ready=ready,
-        )
+def base_config(args: argparse.Namespace) -> LocalClusterConfig:
+    """The cluster every policy starts from (policy and budget are set per policy), on a free
+    port (0) rather than the default 50051."""
+    from sarathictl.commands.up import resolve_model
+
+    return LocalClusterConfig(
+        model_dir=resolve_model(args.model),
+        pp=args.pp,
+        tp=args.tp,
+        port=0,
+        threads_per_worker=args.threads,
+        max_num_seqs=args.max_num_seqs,
+    )
+
+
+def tbt_slo_s_from_args(
+    args: argparse.Namespace, base: LocalClusterConfig
+) -> tuple[float, float | None]:
+    """(P99 TBT SLO in seconds, measured decode step in seconds or None). `strict` and `relaxed`
+    are multiples of this machine's decode step, so a cluster is started to measure it first."""
+    if args.tbt_slo not in SLO_FACTORS:
+        return float(args.tbt_slo), None
+    say("[live] starting a cluster to measure the decode step of a batch of 32")
+    with LocalCluster(with_budget(base, args.budget)) as cluster:
+        decode_s = decode_step_s(cluster)
+    tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
+    say(
+        f"[live] decode step {decode_s:.3g} s: {args.tbt_slo} SLO is P99 TBT <= "
+        f"{tbt_slo_s:.3g} s ({SLO_FACTORS[args.tbt_slo]:g}x)"
+    )
+    return tbt_slo_s, decode_s
+
+
+def longest_request_tokens(requests: list[SimRequest]) -> int:
+    """Prompt plus output tokens of the longest request."""
+    return max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
+
+
+def policy_budget_tokens(policy: str, chunked_budget_tokens: int, longest_tokens: int) -> int:
+    """The token budget a policy runs with: --budget for the chunked policies, while the
+    whole-prompt baselines batch prompts up to the longest request (rounded up to a multiple of
+    32), as vLLM does."""
+    if policy in ("sarathi", "chunked_only"):
+        return chunked_budget_tokens
+    return -(-longest_tokens // 32) * 32
+
+
+def search_policy_capacity(
+    args: argparse.Namespace,
+    base: LocalClusterConfig,
+    policy: str,
+    budget_tokens: int,
+    requests_at: Callable[[float], list[SimRequest]],
+    tbt_slo_s: float,
+) -> PolicyCapacity:
+    """measure_policy with its progress on stderr: when the cluster serves, each probe, the
+    capacity found and, with --saturation-qps, the saturated run's bubbles."""
+    say(f"[{policy}] starting a local cluster (budget {budget_tokens} tokens)")
+    policy_started = time.perf_counter()
+
+    def ready() -> None:
         say(
-            f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
-            f"({time.perf_counter() - policy_started:.0f} s)"
+            f"[{policy}] serving after {time.perf_counter() - policy_started:.1f} s; "
+            f"searching from {rate(args.initial_qps)}, P99 TBT <= {tbt_slo_s:.3g} s"
         )
-        if result.saturated is not None:
-            s = result.saturated
-            say(
-                f"[{policy}] saturated at {rate(args.saturation_qps)}: bubbles "
-                f"{s.bubble_fraction:.0%} (steady {s.steady_bubble_fraction:.0%}), "
-                f"{s.throughput_tokens_s:.0f} tokens/s"
-            )
-        results.append(result)
+
+    result = measure_policy(
+        base,
+        policy,
+        budget_tokens,
+        requests_at,
+        tbt_slo_s,
+        args.initial_qps,
+        args.granularity,
+        args.saturation_qps,
+        on_probe=probe_printer(policy, tbt_slo_s),
+        on_ready=ready,
+    )
+    say(
+        f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
+        f"({time.perf_counter() - policy_started:.0f} s)"
+    )
+    if result.saturated is not None:
+        s = result.saturated
+        say(
+            f"[{policy}] saturated at {rate(args.saturation_qps)}: bubbles "
+            f"{s.bubble_fraction:.0%} (steady {s.steady_bubble_fraction:.0%}), "
+            f"{s.throughput_tokens_s:.0f} tokens/s"
+        )
+    return result
+
+
+def live_report(
+    base: LocalClusterConfig,
+    tbt_slo_s: float,
+    decode_s: float | None,
+    results: list[PolicyCapacity],
+    wall_s: float,
+) -> dict[str, Any]:
+    """The --json document: a row per policy (ratios to vllm where vllm ran), the whole run's
+    wall time in seconds."""
     reference = next((r for r in results if r.policy == "vllm"), None)
-    rows = []
-    for r in results:
-        m = r.at_capacity
-        rows.append(
-            {
-                "policy": r.policy,
-                "budget_tokens": r.budget_tokens,
-                "capacity_qps": r.capacity_qps,
-                "ratio_to_vllm": (r.capacity_qps / reference.capacity_qps)
-                if reference and reference.capacity_qps
-                else None,
-                "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
-                "steady_bubble_fraction_at_capacity": m.steady_bubble_fraction if m else None,
-                "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
-                "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
-                "saturated": r.saturated.to_dict() if r.saturated else None,
-                "probes": r.probes,
-            }
-        )
-    report = {
+    return {
         "model": base.model_dir,
         "pp": base.pp,
         "tp": base.tp,
         "tbt_slo_s": tbt_slo_s,
         "decode_step_batch32_s": decode_s,
-        "results": rows,
-        "wall_s": time.perf_counter() - started,
+        "results": [result_row(r, reference) for r in results],
+        "wall_s": wall_s,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
+
+
+def result_row(r: PolicyCapacity, reference: PolicyCapacity | None) -> dict[str, Any]:
+    """One policy's row of the report; the at-capacity figures are None where no probe passed."""
+    m = r.at_capacity
+    return {
+        "policy": r.policy,
+        "budget_tokens": r.budget_tokens,
+        "capacity_qps": r.capacity_qps,
+        "ratio_to_vllm": (r.capacity_qps / reference.capacity_qps)
+        if reference and reference.capacity_qps
+        else None,
+        "bubble_fraction_at_capacity": m.bubble_fraction if m else None,
+        "steady_bubble_fraction_at_capacity": m.steady_bubble_fraction if m else None,
+        "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
+        "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
+        "saturated": r.saturated.to_dict() if r.saturated else None,
+        "probes": r.probes,
+    }
+
+
+def print_live_report(report: dict[str, Any], results: list[PolicyCapacity]) -> None:
+    """The report as text: a line per policy with its capacity, ratio and bubbles."""
     print(
-        f"live capacity, {base.model_dir} PP={base.pp} TP={base.tp}, P99 TBT <= {tbt_slo_s:.3f} s"
+        f"live capacity, {report['model']} PP={report['pp']} TP={report['tp']}, "
+        f"P99 TBT <= {report['tbt_slo_s']:.3f} s"
     )
-    for row, r in zip(rows, results, strict=True):
+    for row, r in zip(report["results"], results, strict=True):
         ratio = row["ratio_to_vllm"]
         bubble = row["bubble_fraction_at_capacity"]
         steady = row["steady_bubble_fraction_at_capacity"]
@@ -243,4 +299,3 @@ def run_local(args: argparse.Namespace) -> int:
             f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
             f" (steady {f'{steady:.0%}' if isinstance(steady, float) else '-'}){saturated}"
         )
-    return 0
