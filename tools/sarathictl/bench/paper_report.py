@@ -98,23 +98,34 @@ def _capacity_table(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, fl
 
 
 def render(report: dict[str, Any]) -> str:
+    """The whole section, BEGIN to END, from `sarathictl bench paper`'s report (its JSON)."""
     main = [r for r in report["capacity"] if r["group"] == "main"]
     tp8 = [r for r in report["capacity"] if r["group"] == "tp8"]
     table, best = _capacity_table(main)
-    wins = sum(
-        1
-        for r in main
-        if r["policy"] == "sarathi"
-        and all(
-            r["capacity_qps"] > o["capacity_qps"]
-            for o in main
-            if o["policy"] != "sarathi"
-            and (o["label"], o["workload"], o["slo"]) == (r["label"], r["workload"], r["slo"])
-        )
-    )
-    num_cells = sum(1 for r in main if r["policy"] == "sarathi")
+    ablation = report.get("ablation") or []
     out = [
         BEGIN,
+        *_intro(report),
+        "",
+        *table,
+        "",
+        _sarathi_wins_line(main),
+        "",
+        *_paper_up_to_table(best),
+        *_tp8_section(tp8),
+        *_ablation_section(ablation),
+        *_budget_sweep_section(report.get("budget_sweep") or []),
+        "",
+        *_differences(best, main, ablation, report.get("median_prefills") or []),
+        END,
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _intro(report: dict[str, Any]) -> list[str]:
+    """Title, how the figures were made (command, date, machine, requests per run), the
+    definition of capacity and a line per workload on where its lengths come from."""
+    out = [
         "## The paper's capacity study, simulated (`make bench-paper`)",
         "",
         f"`make bench-paper` runs `{report.get('command', 'sarathictl bench paper')}`; this "
@@ -131,8 +142,30 @@ def render(report: dict[str, Any]) -> str:
     ]
     for workload in report["workloads"]:
         out.append(f"- `{workload}`: {WORKLOAD_NOTES.get(workload, 'as named')}.")
-    out += ["", *table, "", f"Sarathi ahead of both baselines in {wins} of {num_cells} cells.", ""]
-    out += [
+    return out
+
+
+def _sarathi_wins_line(main: list[dict[str, Any]]) -> str:
+    """The count of cells (deployment, workload, SLO) where sarathi's capacity beats every other
+    policy's, out of all cells."""
+    wins = sum(
+        1
+        for r in main
+        if r["policy"] == "sarathi"
+        and all(
+            r["capacity_qps"] > o["capacity_qps"]
+            for o in main
+            if o["policy"] != "sarathi"
+            and (o["label"], o["workload"], o["slo"]) == (r["label"], r["workload"], r["slo"])
+        )
+    )
+    num_cells = sum(1 for r in main if r["policy"] == "sarathi")
+    return f"Sarathi ahead of both baselines in {wins} of {num_cells} cells."
+
+
+def _paper_up_to_table(best: dict[str, float]) -> list[str]:
+    """Per model, our best sarathi ratio beside the paper's "up to" figure."""
+    out = [
         "| model | ours: best sarathi ratio over vllm or orca | paper |",
         "| --- | ---: | --- |",
     ]
@@ -140,68 +173,80 @@ def render(report: dict[str, Any]) -> str:
         ours = best.get(model)
         ours_text = f"{ours:.2f}x" if ours is not None else "-"
         out.append(f"| {model} | {ours_text} | {figure} ({source}) |")
-    if tp8:
-        out += [
-            "",
-            "Falcon-180B on 8 A100s, arxiv: TP8 across two nodes (all-reduces on 100 GbE) "
-            "versus TP4-PP2 (one activation transfer per micro-batch). The paper gives no figure "
-            "for this comparison, so there is none beside ours:",
-            "",
-            "| layout | SLO | sarathi qps | vllm qps |",
-            "| --- | --- | ---: | ---: |",
-        ]
-        layouts: dict[tuple[str, str, float], dict[str, float]] = defaultdict(dict)
-        for r in tp8:
-            layouts[(r["label"], r["slo"], r["tbt_slo_s"])][r["policy"]] = r["capacity_qps"]
-        for (label, slo, slo_s), caps in layouts.items():
-            out.append(
-                f"| {label} | {slo} {slo_s:g} s | {caps.get('sarathi', 0):.3f} | "
-                f"{caps.get('vllm', 0):.3f} |"
-            )
-    if report.get("ablation"):
-        out += [
-            "",
-            "Table 4 ablation, Yi-34B TP2 A100, budget 1024, 128 requests (rate: half the "
-            "deployment's first-guess capacity; the paper does not state its rate):",
-            "",
-            "| scheduler | workload | qps | ours P50 TTFT s | ours P99 TBT s | paper P50 TTFT s "
-            "| paper P99 TBT s |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for r in report["ablation"]:
-            paper = PAPER_TABLE4.get((r["scheduler"], r["workload"]))
-            if paper is None and r["workload"] == "arxiv-paper":
-                paper = PAPER_TABLE4.get((r["scheduler"], "arxiv"))
-            p_ttft, p_tbt = (f"{paper[0]:.2f}", f"{paper[1]:.2f}") if paper else ("-", "-")
-            out.append(
-                f"| {r['scheduler']} | {r['workload']} | {r['qps']:.3f} | {r['ttft_p50_s']:.2f} "
-                f"| {r['tbt_p99_s']:.2f} | {p_ttft} | {p_tbt} |"
-            )
-    sweep = report.get("budget_sweep") or []
-    if sweep:
-        first = sweep[0]
-        out += [
-            "",
-            f"Token budget and pipeline bubbles: {first['label']}, {first['workload']}, sarathi "
-            f"at its strict-SLO capacity ({first['qps']:.3f} qps):",
-            "",
-            "| budget tokens | P99 TBT s | median scheduling delay s | bubble fraction | req/s |",
-            "| ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for r in sweep:
-            out.append(
-                f"| {r['budget_tokens']} | {r['tbt_p99_s']:.3f} | "
-                f"{r['scheduling_delay_p50_s']:.2f} | {r['bubble_fraction']:.1%} | "
-                f"{r['throughput_rps']:.3f} |"
-            )
-    out += [
+    return out
+
+
+def _tp8_section(tp8: list[dict[str, Any]]) -> list[str]:
+    """Falcon-180B's TP8 against TP4-PP2 layouts, capacities in qps (none if not run)."""
+    if not tp8:
+        return []
+    out = [
         "",
-        *_differences(
-            best, main, report.get("ablation") or [], report.get("median_prefills") or []
-        ),
-        END,
+        "Falcon-180B on 8 A100s, arxiv: TP8 across two nodes (all-reduces on 100 GbE) "
+        "versus TP4-PP2 (one activation transfer per micro-batch). The paper gives no figure "
+        "for this comparison, so there is none beside ours:",
+        "",
+        "| layout | SLO | sarathi qps | vllm qps |",
+        "| --- | --- | ---: | ---: |",
     ]
-    return "\n".join(out) + "\n"
+    layouts: dict[tuple[str, str, float], dict[str, float]] = defaultdict(dict)
+    for r in tp8:
+        layouts[(r["label"], r["slo"], r["tbt_slo_s"])][r["policy"]] = r["capacity_qps"]
+    for (label, slo, slo_s), caps in layouts.items():
+        out.append(
+            f"| {label} | {slo} {slo_s:g} s | {caps.get('sarathi', 0):.3f} | "
+            f"{caps.get('vllm', 0):.3f} |"
+        )
+    return out
+
+
+def _ablation_section(ablation: list[dict[str, Any]]) -> list[str]:
+    """Table 4's ablation, our P50 TTFT and P99 TBT in seconds beside the paper's (our
+    arxiv-paper rows against its arxiv figures); none if not run."""
+    if not ablation:
+        return []
+    out = [
+        "",
+        "Table 4 ablation, Yi-34B TP2 A100, budget 1024, 128 requests (rate: half the "
+        "deployment's first-guess capacity; the paper does not state its rate):",
+        "",
+        "| scheduler | workload | qps | ours P50 TTFT s | ours P99 TBT s | paper P50 TTFT s "
+        "| paper P99 TBT s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in ablation:
+        paper = PAPER_TABLE4.get((r["scheduler"], r["workload"]))
+        if paper is None and r["workload"] == "arxiv-paper":
+            paper = PAPER_TABLE4.get((r["scheduler"], "arxiv"))
+        p_ttft, p_tbt = (f"{paper[0]:.2f}", f"{paper[1]:.2f}") if paper else ("-", "-")
+        out.append(
+            f"| {r['scheduler']} | {r['workload']} | {r['qps']:.3f} | {r['ttft_p50_s']:.2f} "
+            f"| {r['tbt_p99_s']:.2f} | {p_ttft} | {p_tbt} |"
+        )
+    return out
+
+
+def _budget_sweep_section(sweep: list[dict[str, Any]]) -> list[str]:
+    """Sarathi at one rate over several token budgets: P99 TBT and median scheduling delay in
+    seconds, bubble fraction, requests/s (none if not run)."""
+    if not sweep:
+        return []
+    first = sweep[0]
+    out = [
+        "",
+        f"Token budget and pipeline bubbles: {first['label']}, {first['workload']}, sarathi "
+        f"at its strict-SLO capacity ({first['qps']:.3f} qps):",
+        "",
+        "| budget tokens | P99 TBT s | median scheduling delay s | bubble fraction | req/s |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in sweep:
+        out.append(
+            f"| {r['budget_tokens']} | {r['tbt_p99_s']:.3f} | "
+            f"{r['scheduling_delay_p50_s']:.2f} | {r['bubble_fraction']:.1%} | "
+            f"{r['throughput_rps']:.3f} |"
+        )
+    return out
 
 
 def _differences(
@@ -210,6 +255,17 @@ def _differences(
     ablation: list[dict[str, Any]],
     prefills: list[dict[str, Any]],
 ) -> list[str]:
+    """Where our figures differ from the paper's and why: always the known causes, then a
+    paragraph for each surprise the results show (relaxed below strict, an inverted ablation)."""
+    return [
+        _known_causes(best, prefills),
+        *_relaxed_below_strict(main),
+        *_chunked_only_above_hybrid(ablation),
+    ]
+
+
+def _known_causes(best: dict[str, float], prefills: list[dict[str, Any]]) -> str:
+    """Our best ratios against the paper's, and the causes of the differences we know of."""
     stalls = (
         ", ".join(
             f"{r['prefill_s']:.2f} s on {r['label']} with {r['workload']} "
@@ -218,16 +274,9 @@ def _differences(
         )
         or "(not recorded)"
     )
-    parts = []
-    for model, (figure, _) in PAPER_UP_TO.items():
-        ours = best.get(model)
-        if ours is None or not figure.endswith("x") or figure.startswith(">"):
-            continue
-        paper = float(figure[:-1])
-        parts.append(f"{model} {ours:.2f}x against {paper:g}x ({(ours / paper - 1):+.0%})")
-    lines = [
+    return (
         "Where ours differ, and why. Best ratios, ours against the paper's: "
-        + "; ".join(parts)
+        + "; ".join(_ratio_gaps(best))
         + ". The paper's figures are measurements of a vLLM-0.2-based engine; ours come from a "
         "cost model with fixed efficiency factors and no run-to-run noise, so absolute "
         "capacities differ and ratios move with how close each baseline sits to its SLO. "
@@ -242,8 +291,27 @@ def _differences(
         "account of it (KV reserved for the full length of every request, so fewer fit, and the "
         "prompts of all admitted requests batched together; `--orca-paged` lifts both); (5) no "
         "CPU-side variance, NCCL jitter or memory fragmentation, which widen P99 TBT for every "
-        "policy in a real system.",
-    ]
+        "policy in a real system."
+    )
+
+
+def _ratio_gaps(best: dict[str, float]) -> list[str]:
+    """Per model with a numeric "up to" figure in the paper: our best ratio against it, and
+    how far off in percent."""
+    parts = []
+    for model, (figure, _) in PAPER_UP_TO.items():
+        ours = best.get(model)
+        if ours is None or not figure.endswith("x") or figure.startswith(">"):
+            continue
+        paper = float(figure[:-1])
+        parts.append(f"{model} {ours:.2f}x against {paper:g}x ({(ours / paper - 1):+.0%})")
+    return parts
+
+
+def _relaxed_below_strict(main: list[dict[str, Any]]) -> list[str]:
+    """A paragraph on the cells where sarathi serves less under the relaxed SLO than under the
+    strict one (the larger relaxed budgets widen the pipeline's bubbles); none if there are
+    none."""
     strict = {
         (r["label"], r["workload"]): r["capacity_qps"]
         for r in main
@@ -257,31 +325,37 @@ def _differences(
         and r["slo"] == "relaxed"
         and r["capacity_qps"] < strict.get((r["label"], r["workload"]), 0.0)
     ]
-    if lower:
-        lines += [
-            "",
-            "Sarathi's capacity is lower under the relaxed SLO than under the strict one for "
-            + "; ".join(lower)
-            + ". The relaxed runs use the paper's larger budgets, and in a pipeline a large "
-            "prefill chunk followed by a decode-only micro-batch leaves the stages waiting on "
-            "each other (the budget table above shows the bubble fraction growing with the "
-            "budget): the effect that made the paper give LLaMA2-70B a budget of 1536.",
-        ]
+    if not lower:
+        return []
+    return [
+        "",
+        "Sarathi's capacity is lower under the relaxed SLO than under the strict one for "
+        + "; ".join(lower)
+        + ". The relaxed runs use the paper's larger budgets, and in a pipeline a large "
+        "prefill chunk followed by a decode-only micro-batch leaves the stages waiting on "
+        "each other (the budget table above shows the bubble fraction growing with the "
+        "budget): the effect that made the paper give LLaMA2-70B a budget of 1536.",
+    ]
+
+
+def _chunked_only_above_hybrid(ablation: list[dict[str, Any]]) -> list[str]:
+    """A paragraph on the workloads where our chunked-prefills-only ablation has a higher P99
+    TBT than hybrid-batching-only, the reverse of the paper's Table 4; none if there are none."""
     tbt = {(r["scheduler"], r["workload"]): r["tbt_p99_s"] for r in ablation}
     inverted = [
         w
         for (name, w), value in tbt.items()
         if name == "chunked-prefills-only" and value > tbt.get(("hybrid-batching-only", w), 1e9)
     ]
-    if inverted:
-        lines += [
-            "",
-            "In the ablation our chunked-prefills-only has a higher P99 TBT than "
-            f"hybrid-batching-only on {', '.join(inverted)}, unlike the paper: our variant keeps "
-            "decodes out of every micro-batch that carries a chunk, so a decode waits for all "
-            "chunks of a prompt, while hybrid batching stalls it for one whole-prompt step.",
-        ]
-    return lines
+    if not inverted:
+        return []
+    return [
+        "",
+        "In the ablation our chunked-prefills-only has a higher P99 TBT than "
+        f"hybrid-batching-only on {', '.join(inverted)}, unlike the paper: our variant keeps "
+        "decodes out of every micro-batch that carries a chunk, so a decode waits for all "
+        "chunks of a prompt, while hybrid batching stalls it for one whole-prompt step.",
+    ]
 
 
 def write_section(path: Path, report: dict[str, Any]) -> None:
