@@ -81,85 +81,107 @@ def workload_from_args(args: argparse.Namespace, **lengths: int) -> WorkloadSpec
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of a simulated run (setup_from_args reads them), in three help groups:
+    deployment, scheduler and workload; then --json."""
+    _add_deployment_args(parser.add_argument_group("deployment"))
+    _add_scheduler_args(parser.add_argument_group("scheduler"))
+    _add_workload_args(parser.add_argument_group("workload"))
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
+def _add_deployment_args(group: argparse._ArgumentGroup) -> None:
+    """The model and the hardware it runs on: GPU, TP x PP layout, links, or a measured
+    profile."""
     d = SimSetup()
-    w = WorkloadSpec()
-    g = parser.add_argument_group("deployment")
-    g.add_argument("--model", default=d.model, help=f"{', '.join(MODELS)} or a config.json path")
     gpu = one_of("GPU", GPUS, GPU_ALIASES)
     link = one_of("link", LINKS, LINK_ALIASES)
     positive = int_at_least(1)
-    g.add_argument("--gpu", type=gpu, default=d.gpu, help=", ".join(gpu.names))
-    g.add_argument("--tp", type=positive, default=d.tp, help="tensor-parallel GPUs per stage")
-    g.add_argument("--pp", type=positive, default=d.pp, help="pipeline stages")
-    g.add_argument(
+    group.add_argument(
+        "--model", default=d.model, help=f"{', '.join(MODELS)} or a config.json path"
+    )
+    group.add_argument("--gpu", type=gpu, default=d.gpu, help=", ".join(gpu.names))
+    group.add_argument("--tp", type=positive, default=d.tp, help="tensor-parallel GPUs per stage")
+    group.add_argument("--pp", type=positive, default=d.pp, help="pipeline stages")
+    group.add_argument(
         "--link", type=link, default=d.link, help=f"between stages/nodes: {', '.join(link.names)}"
     )
-    g.add_argument("--tp-link", type=link, default=d.tp_link, help="between the GPUs of a node")
-    g.add_argument(
+    group.add_argument("--tp-link", type=link, default=d.tp_link, help="between the GPUs of a node")
+    group.add_argument(
         "--nodes-per-stage",
         type=positive,
         default=d.nodes_per_stage,
         help="nodes one TP group spans",
     )
-    g.add_argument("--profile", default="", help="measured stage-time CSV instead of the model")
-    s = parser.add_argument_group("scheduler")
-    s.add_argument(
+    group.add_argument("--profile", default="", help="measured stage-time CSV instead of the model")
+
+
+def _add_scheduler_args(group: argparse._ArgumentGroup) -> None:
+    """How micro-batches are filled: token and time budgets, sequence cap, and the PP > 1
+    spreading and orca variants."""
+    d = SimSetup()
+    positive = int_at_least(1)
+    group.add_argument(
         "--budget", type=positive, default=d.budget_tokens, help="token budget (sarathi)"
     )
-    s.add_argument(
+    group.add_argument(
         "--baseline-budget",
         type=int_at_least(0),
         default=0,
         help="token budget of vllm/orca (0, the default: the longest request, as in vLLM)",
     )
-    s.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
-    s.add_argument(
+    group.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
+    group.add_argument(
         "--time-budget",
         type=NumberOrName(float_in(0.0, 3600.0), ("auto",)),
         default=0.0,
         help="sarathi: also fill each micro-batch only up to this predicted stage time, seconds "
         "(auto: what --budget tokens of a prompt's first chunk take); default: tokens only",
     )
-    s.add_argument(
+    group.add_argument(
         "--spread-decodes",
         action=argparse.BooleanOptionalAction,
         default=d.spread_decodes,
         help="with PP > 1, divide the decodes among the micro-batches in flight (--no-: every "
         "ready decode joins the next micro-batch, as before issue 15)",
     )
-    s.add_argument(
+    group.add_argument(
         "--spread-prompts",
         action=argparse.BooleanOptionalAction,
         default=d.spread_prompts,
         help="with PP > 1, share prompt tokens too few for PP micro-batches out over them "
         "(opt-in; default: each micro-batch takes what its budget allows)",
     )
-    s.add_argument(
+    group.add_argument(
         "--orca-paged",
         action="store_true",
         help="orca with a paged KV cache (default: as the paper ran it, KV reserved per request)",
     )
-    k = parser.add_argument_group("workload")
+
+
+def _add_workload_args(group: argparse._ArgumentGroup) -> None:
+    """The requests: source (trace, paper dataset or synthetic), count, seed, length filter,
+    arrivals, and the lengths of synthetic sources."""
+    w = WorkloadSpec()
+    positive = int_at_least(1)
     sources = ", ".join([*TRACE_FILES, *PAPER_DATASETS, *SYNTHETIC])
-    k.add_argument(
+    group.add_argument(
         "--trace",
         type=workload_flag(),
         default=w.source,
         help=f"{sources}, or a CSV or JSONL file (lengths, optionally arrival times)",
     )
-    k.add_argument("--num-requests", type=positive, default=w.num_requests)
-    k.add_argument("--seed", type=int_at_least(0), default=w.seed)
-    k.add_argument(
+    group.add_argument("--num-requests", type=positive, default=w.num_requests)
+    group.add_argument("--seed", type=int_at_least(0), default=w.seed)
+    group.add_argument(
         "--max-total-tokens", type=int_at_least(0), default=0, help="length filter (0: none)"
     )
-    add_arrival_args(k, w)
-    k.add_argument(
+    add_arrival_args(group, w)
+    group.add_argument(
         "--prompt-tokens", type=positive, default=w.prompt_tokens, help="synthetic sources"
     )
-    k.add_argument(
+    group.add_argument(
         "--output-tokens", type=positive, default=w.output_tokens, help="synthetic sources"
     )
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
 
 def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
