@@ -426,6 +426,17 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stage", help="one stage's step time against tokens per step")
+    # --help lists the flags in the order they are added here.
+    _add_stage_args(p)
+    _add_point_args(p)
+    _add_hardware_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def _add_stage_args(p: argparse.ArgumentParser) -> None:
+    """The stage under test and how it runs: a checkpoint or a random shape, dtype, device,
+    attention backend, each decode's context in tokens, timed runs per point, torch threads."""
     p.add_argument(
         "--model", help="checkpoint folder (config.json, safetensors); or give --random-shape"
     )
@@ -447,6 +458,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="random weights of this shape, drawn on the device; with --model, written there "
         "as a checkpoint first if it holds no config.json",
     )
+
+
+def _add_point_args(p: argparse.ArgumentParser) -> None:
+    """The points timed: decode batch sizes in sequences, prefill chunk lengths in tokens."""
     sizes = comma_list(int_at_least(1), allow_empty=True)
     p.add_argument(
         "--decode-batches",
@@ -460,6 +475,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=PREFILL_CHUNKS,
         help="comma-separated prefill chunk lengths (empty: none)",
     )
+
+
+def _add_hardware_args(p: argparse.ArgumentParser) -> None:
+    """How the hardware is driven: the optional kernels (small-batch GEMV, C attention, CUDA
+    graphs), and the sizes of the copy (bytes) and the matrix product (side) that measure the
+    two ceilings."""
     p.add_argument(
         "--copy-bytes",
         type=int_at_least(1),
@@ -491,5 +512,3 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="side of the square matrix product the prefill ceiling is measured with "
         "(default: 8192 on CUDA, 1024 on the CPU)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=run)
