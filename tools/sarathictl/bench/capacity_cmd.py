@@ -129,6 +129,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Simulated, or with --local on real processes (live_capacity.run_local)."""
     if args.local:
         from sarathictl.bench.live_capacity import run_local
 
@@ -138,32 +139,47 @@ def run(args: argparse.Namespace) -> int:
             f"--tbt-slo {args.tbt_slo} needs --local (it is a multiple of a measured decode "
             "step); in simulation give seconds"
         )
-    results: dict[str, CapacityResult] = {}
     started = time.perf_counter()
-    for policy in args.policies:
-        policy_started = time.perf_counter()
-
-        def start(sim: PreparedSim, first_qps: float, policy: str = policy) -> None:
-            say(
-                f"[{policy}] searching for the capacity from {rate(first_qps)}, "
-                f"{len(sim.unit_requests)} requests per probe, P99 TBT <= {args.tbt_slo:g} s"
-            )
-
-        setup = setup_from_args(args, policy)
-        result = measure_capacity(
-            setup,
-            args.tbt_slo,
-            0.0,
-            args.granularity,
-            on_probe=probe_printer(policy, args.tbt_slo),
-            on_start=start,
-        )
-        say(
-            f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
-            f"({time.perf_counter() - policy_started:.1f} s)"
-        )
-        results[policy] = result
+    results = {policy: search_simulated_capacity(args, policy) for policy in args.policies}
     wall_s = time.perf_counter() - started
+    rows = capacity_rows(results)
+    if args.json:
+        print(json.dumps({"tbt_slo_s": args.tbt_slo, "results": rows, "wall_s": wall_s}, indent=2))
+        return 0
+    print_capacity_rows(args, rows, wall_s)
+    return 0
+
+
+def search_simulated_capacity(args: argparse.Namespace, policy: str) -> CapacityResult:
+    """measure_capacity for one policy, with its progress on stderr: the first rate, each
+    probe, and the capacity found."""
+    policy_started = time.perf_counter()
+
+    def start(sim: PreparedSim, first_qps: float) -> None:
+        say(
+            f"[{policy}] searching for the capacity from {rate(first_qps)}, "
+            f"{len(sim.unit_requests)} requests per probe, P99 TBT <= {args.tbt_slo:g} s"
+        )
+
+    setup = setup_from_args(args, policy)
+    result = measure_capacity(
+        setup,
+        args.tbt_slo,
+        0.0,
+        args.granularity,
+        on_probe=probe_printer(policy, args.tbt_slo),
+        on_start=start,
+    )
+    say(
+        f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
+        f"({time.perf_counter() - policy_started:.1f} s)"
+    )
+    return result
+
+
+def capacity_rows(results: dict[str, CapacityResult]) -> list[dict[str, Any]]:
+    """A row per policy: capacity in qps, its ratio to vllm's (None without a vllm capacity
+    above 0) and the number of probes it took."""
     reference = results.get("vllm")
     rows: list[dict[str, Any]] = []
     for policy, result in results.items():
@@ -178,9 +194,13 @@ def run(args: argparse.Namespace) -> int:
                 "num_probes": len(result.probes),
             }
         )
-    if args.json:
-        print(json.dumps({"tbt_slo_s": args.tbt_slo, "results": rows, "wall_s": wall_s}, indent=2))
-        return 0
+    return rows
+
+
+def print_capacity_rows(
+    args: argparse.Namespace, rows: list[dict[str, Any]], wall_s: float
+) -> None:
+    """The rows as text under a line naming the deployment, workload and SLOs."""
     print(
         f"{args.model} {args.tp}x{args.pp} {args.gpu} ({args.link}), {args.trace}, "
         f"P99 TBT <= {args.tbt_slo} s, median scheduling delay <= {MAX_MEDIAN_DELAY_S} s"
@@ -190,4 +210,3 @@ def run(args: argparse.Namespace) -> int:
         ratio_text = f"{ratio:.2f}x vllm" if isinstance(ratio, float) else "-"
         print(f"  {row['policy']:<14} {row['capacity_qps']:8.3f} qps  {ratio_text}")
     print(f"  ({wall_s:.1f} s)")
-    return 0
