@@ -101,53 +101,81 @@ async def replay(
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         before = await read_status(stub)
-        clock = time.perf_counter
-        start = clock()
+        start = time.perf_counter()
         lo, hi = steady_window([r.arrival_s for r in requests])
-
-        async def status_at(t: float) -> generate_pb2.StatusResponse:
-            await asyncio.sleep(max(0.0, start + t - clock()))
-            return await read_status(stub)
-
-        edges = asyncio.gather(status_at(lo), status_at(hi))
-
-        async def one(req: SimRequest, prompt: list[int]) -> LiveRecord:
-            await asyncio.sleep(max(0.0, start + req.arrival_s - clock()))
-            record = LiveRecord(arrival_s=clock() - start, num_prompt_tokens=len(prompt))
-            last = None
-            request = generate_pb2.GenerateRequest(
-                prompt_token_ids=prompt, max_tokens=req.num_output_tokens, ignore_eos=True
+        # Status at the two edges of the steady window, read while the requests run.
+        edges = asyncio.gather(_status_at(stub, start + lo), _status_at(stub, start + hi))
+        records = await asyncio.gather(
+            *(
+                _send_at_arrival(stub, r, p, start, timeout_s)
+                for r, p in zip(requests, prompts, strict=True)
             )
-            try:
-                async for response in stub.Generate(request, timeout=timeout_s):
-                    now = clock() - start
-                    if response.token_ids:
-                        if last is None:
-                            record.first_token_s = now
-                        else:
-                            record.gaps_s.append(now - last)
-                        last = now
-                    if response.finish_reason:
-                        record.finish_s = now
-                        record.scheduling_delay_s = response.scheduling_delay_s
-                        record.num_output_tokens = response.num_output_tokens
-            except grpc.aio.AioRpcError as err:
-                record.error = f"{err.code().name}: {err.details()}"
-            return record
-
-        records = await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True)))
-        end = clock()
+        )
+        end = time.perf_counter()
         after = await read_status(stub)
         at_lo, at_hi = await edges
-    busy = busy_between(before, after)
     steady = BusyWindow(lo, hi, tuple(busy_between(at_lo, at_hi))) if hi > lo else None
-    preemptions = after.scheduler.num_preemptions - before.scheduler.num_preemptions
+    return _live_run(list(records), end - start, before, after, steady)
+
+
+async def _status_at(
+    stub: generate_pb2_grpc.GenerationStub, at_s: float
+) -> generate_pb2.StatusResponse:
+    """Status once time.perf_counter() reaches at_s (at once if it has)."""
+    await asyncio.sleep(max(0.0, at_s - time.perf_counter()))
+    return await read_status(stub)
+
+
+async def _send_at_arrival(
+    stub: generate_pb2_grpc.GenerationStub,
+    req: SimRequest,
+    prompt: list[int],
+    start_s: float,
+    timeout_s: float,
+) -> LiveRecord:
+    """Sends one request at start_s + its arrival (time.perf_counter() seconds) and records, in
+    seconds from start_s, when it went and when its tokens came; a failed call is recorded as
+    its gRPC status, not raised."""
+    clock = time.perf_counter
+    await asyncio.sleep(max(0.0, start_s + req.arrival_s - clock()))
+    record = LiveRecord(arrival_s=clock() - start_s, num_prompt_tokens=len(prompt))
+    last = None
+    request = generate_pb2.GenerateRequest(
+        prompt_token_ids=prompt, max_tokens=req.num_output_tokens, ignore_eos=True
+    )
+    try:
+        async for response in stub.Generate(request, timeout=timeout_s):
+            now = clock() - start_s
+            if response.token_ids:
+                if last is None:
+                    record.first_token_s = now
+                else:
+                    record.gaps_s.append(now - last)
+                last = now
+            if response.finish_reason:
+                record.finish_s = now
+                record.scheduling_delay_s = response.scheduling_delay_s
+                record.num_output_tokens = response.num_output_tokens
+    except grpc.aio.AioRpcError as err:
+        record.error = f"{err.code().name}: {err.details()}"
+    return record
+
+
+def _live_run(
+    records: list[LiveRecord],
+    duration_s: float,
+    before: generate_pb2.StatusResponse,
+    after: generate_pb2.StatusResponse,
+    steady: BusyWindow | None,
+) -> LiveRun:
+    """The run from its records and the server's counters before and after it: stage busy
+    seconds, preemptions, micro-batches and controller seconds spent in the run."""
     return LiveRun(
-        list(records),
+        records,
         0.0,
-        end - start,
-        busy,
-        preemptions,
+        duration_s,
+        busy_between(before, after),
+        after.scheduler.num_preemptions - before.scheduler.num_preemptions,
         num_steps=after.scheduler.num_steps - before.scheduler.num_steps,
         controller_busy_s=(
             after.scheduler.controller_busy_s_total - before.scheduler.controller_busy_s_total
