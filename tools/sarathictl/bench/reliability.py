@@ -132,6 +132,19 @@ def kill_stage(
 
 
 def main() -> int:
+    """Each phase in turn on one cluster; the report so far on stderr before the soak (it can
+    run for an hour), the whole report as JSON on stdout at the end."""
+    args = parse_args()
+    with LocalCluster(cluster_config(args)) as cluster:
+        report = load_overload_and_kill(cluster, args)
+        print(json.dumps(report), file=sys.stderr, flush=True)
+        if args.soak > 0:
+            report.update(soak(cluster, args))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sarathictl.bench.reliability", description=__doc__)
     p.add_argument("--model", required=True, help="model folder")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages")
@@ -154,44 +167,57 @@ def main() -> int:
         default=4,
         help="the controller's --memory-trace-frames (0: RSS and malloc only, no tracemalloc)",
     )
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def cluster_config(args: argparse.Namespace) -> LocalClusterConfig:
+    """The cluster under test: a 256-token budget, 64 MiB of KV cache, an admission queue of
+    --max-queued requests (the bound the 10x load meets, with refusals) and, with
+    --memory-trace-dir, the controller's memory tracing."""
     trace_args: tuple[str, ...] = ()
     if args.memory_trace_dir:
         trace_args = ("--memory-trace-dir", args.memory_trace_dir,
                       "--memory-trace-interval", str(args.memory_trace_interval),
                       "--memory-trace-frames", str(args.memory_trace_frames))  # fmt: skip
-    config = LocalClusterConfig(
+    return LocalClusterConfig(
         model_dir=args.model, pp=args.pp, port=0, budget_tokens=256, kv_cache_bytes=64 << 20,
         extra_controller_args=("--max-queued-requests", str(args.max_queued), *trace_args),
     )  # fmt: skip
+
+
+def load_overload_and_kill(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, object]:
+    """The steady load, 10x that load, and stage 1 killed mid-stream, with the controller's RSS
+    in MiB before and after the overload."""
+    controller_pid = dict(cluster.procs)["controller"].pid
     report: dict[str, object] = {}
-    with LocalCluster(config) as cluster:
-        controller_pid = dict(cluster.procs)["controller"].pid
-        report["rss_start_mib"] = round(rss_mib(controller_pid), 1)
-        report["steady"] = closed_loop(
-            cluster.addr, args.concurrency, args.duration, args.max_tokens
-        )
-        report["overload_10x"] = closed_loop(
-            cluster.addr, 10 * args.concurrency, args.duration, args.max_tokens
-        )
-        report["rss_after_overload_mib"] = round(rss_mib(controller_pid), 1)
-        report["kill_stage_1"] = kill_stage(cluster, 1, 4, 64)
-        print(json.dumps(report), file=sys.stderr, flush=True)
-        if args.soak > 0:
-            # 80% of the steady phase's clients: closed-loop load just under what was held.
-            clients = max(1, int(0.8 * args.concurrency))
-            samples, minutes = [], []
-            for minute in range(max(1, int(args.soak // 60))):
-                minutes.append(closed_loop(cluster.addr, clients, 60.0, args.max_tokens))
-                samples.append(round(rss_mib(dict(cluster.procs)["controller"].pid), 1))
-                # As it goes, so a long soak shows its trend (and keeps it if cut short).
-                print(f"soak minute {minute + 1}: {minutes[-1]}, rss {samples[-1]} MiB",
-                      file=sys.stderr, flush=True)  # fmt: skip
-            report["soak_clients"] = clients
-            report["soak_per_minute"] = minutes
-            report["soak_rss_mib_per_minute"] = samples
-    print(json.dumps(report, indent=2))
-    return 0
+    report["rss_start_mib"] = round(rss_mib(controller_pid), 1)
+    report["steady"] = closed_loop(cluster.addr, args.concurrency, args.duration, args.max_tokens)
+    report["overload_10x"] = closed_loop(
+        cluster.addr, 10 * args.concurrency, args.duration, args.max_tokens
+    )
+    report["rss_after_overload_mib"] = round(rss_mib(controller_pid), 1)
+    report["kill_stage_1"] = kill_stage(cluster, 1, 4, 64)
+    return report
+
+
+def soak(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, object]:
+    """Whole minutes of closed-loop load at 80% of the steady phase's clients (just under what
+    was held), the controller's RSS in MiB sampled after each."""
+    clients = max(1, int(0.8 * args.concurrency))
+    samples, minutes = [], []
+    for minute in range(max(1, int(args.soak // 60))):
+        minutes.append(closed_loop(cluster.addr, clients, 60.0, args.max_tokens))
+        # The pid looked up again rather than reused: cluster.supervise() during the stage kill
+        # restarts whatever exited, the controller included.
+        samples.append(round(rss_mib(dict(cluster.procs)["controller"].pid), 1))
+        # As it goes, so a long soak shows its trend (and keeps it if cut short).
+        print(f"soak minute {minute + 1}: {minutes[-1]}, rss {samples[-1]} MiB",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return {
+        "soak_clients": clients,
+        "soak_per_minute": minutes,
+        "soak_rss_mib_per_minute": samples,
+    }
 
 
 if __name__ == "__main__":
