@@ -75,11 +75,29 @@ def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Number:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The controller's flags, one group after another; --help lists them in this order."""
     p = argparse.ArgumentParser(prog="python -m controller", description=__doc__)
+    add_model_flags(p)
+    add_scheduler_flags(p)
+    add_api_flags(p)
+    add_network_flags(p)
+    add_request_and_startup_flags(p)
+    add_reliability_flags(p)
+    add_memory_trace_flags(p)
+    return p
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The model and its split into pipeline stages x tensor-parallel ranks."""
     positive = int_at_least(1)
     p.add_argument("--model", required=True, help="model folder (config.json, tokenizer.json)")
     p.add_argument("--pp", type=positive, default=1, help="pipeline stages")
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
+
+
+def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
+    """How micro-batches are built (SchedulerConfig) and the KV cache's block size."""
+    positive = int_at_least(1)
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
     p.add_argument(
         "--budget",
@@ -99,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="most running sequences (default: 128, at most the budget for chunked policies)",
     )
+    # The time budget and SLO mode refine the token budget above (sarathictl up shares them).
     add_budget_flags(p)
     p.add_argument(
         "--max-model-len",
@@ -117,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait for a prompt's chunk to leave the pipeline before sending its next one",
     )
+
+
+def add_api_flags(p: argparse.ArgumentParser) -> None:
+    """Where the gRPC and HTTP APIs listen, with the observability outputs (the Prometheus port,
+    the step log) among them: every port and output file of the controller together in --help."""
     p.add_argument("--host", default="127.0.0.1", help="address of the gRPC and HTTP APIs")
     p.add_argument(
         "--port", type=port("any free port"), default=50051, help="gRPC port (0: any free port)"
@@ -131,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--http-port", type=port("off"), default=0, help="OpenAI-compatible HTTP API port (0: off)"
     )
+
+
+def add_network_flags(p: argparse.ArgumentParser) -> None:
+    """How workers reach this controller and one another: the ZeroMQ control plane and the
+    torch.distributed rendezvous; in cluster mode, etcd (membership, the active controller's
+    lease); and the interface NCCL/gloo use."""
     p.add_argument(
         "--control-addr", default="tcp://127.0.0.1:0", help="ZeroMQ address workers connect to"
     )
@@ -157,19 +187,33 @@ def build_parser() -> argparse.ArgumentParser:
         "long after the active one dies (default 3)",
     )
     p.add_argument("--socket-ifname", default="", help="NCCL/gloo network interface")
-    p.add_argument("--default-max-tokens", type=positive, default=256, help="max_tokens when unset")
+
+
+def add_request_and_startup_flags(p: argparse.ArgumentParser) -> None:
+    """A request's default output length, and how long start-up waits for the workers. (Two
+    unrelated flags, grouped only to keep their place in --help: between the network flags and
+    the reliability ones.)"""
+    p.add_argument(
+        "--default-max-tokens", type=int_at_least(1), default=256, help="max_tokens when unset"
+    )
     p.add_argument(
         "--worker-start-timeout",
         type=float_above(0.0),
         default=300.0,
         help="seconds to wait for workers",
     )
-    add_reliability_flags(p)
-    add_memory_trace_flags(p)
-    return p
 
 
 def add_reliability_flags(p: argparse.ArgumentParser) -> None:
+    """Admission under load, detection of dead workers and stalls, and who may connect."""
+    add_admission_flags(p)
+    add_liveness_flags(p)
+    add_security_flags(p)
+
+
+def add_admission_flags(p: argparse.ArgumentParser) -> None:
+    """Bounds on the admission queue and what a refused or held request is told
+    (AdmissionConfig, whose defaults these are)."""
     defaults = AdmissionConfig()
     p.add_argument(
         "--max-queued-requests",
@@ -195,6 +239,11 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
         choices=[w.value for w in WhileDown],
         help="new requests while a stage is down: hold them, or fail them with UNAVAILABLE",
     )
+
+
+def add_liveness_flags(p: argparse.ArgumentParser) -> None:
+    """How long a silent worker takes to count as down (the pipeline is rebuilt), and a pipeline
+    with requests but no completed step to count as stalled (health turns NOT_SERVING)."""
     p.add_argument(
         "--heartbeat-timeout",
         type=float_in(0.5, 3600.0),
@@ -207,6 +256,11 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds without a completed step (requests waiting) before health is NOT_SERVING",
     )
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    """TLS for the gRPC API, bearer tokens for both APIs, CurveZMQ for the control plane; each
+    off unless set."""
     p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API (TLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument(
