@@ -76,7 +76,19 @@ def device() -> Checked:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The worker's flags, one group after another; --help lists them in this order."""
     p = argparse.ArgumentParser(prog="python -m stage_worker", description=__doc__)
+    add_discovery_flags(p)
+    add_model_flags(p)
+    add_device_flags(p)
+    add_performance_flags(p)
+    add_control_link_flags(p)
+    return p
+
+
+def add_discovery_flags(p: argparse.ArgumentParser) -> None:
+    """How the worker finds its controller: its address (local mode) or etcd (cluster mode);
+    parse_args requires exactly one of the two."""
     p.add_argument(
         "--controller", default="", help="controller ROUTER address, tcp://HOST:PORT (local mode)"
     )
@@ -93,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds to wait for a controller",
     )
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The checkpoint, and the place in the PP x TP grid the worker asks for (the controller
+    assigns one when it asks for none)."""
     p.add_argument("--model", required=True, help="folder with config.json and *.safetensors")
     p.add_argument(
         "--stage", type=int_at_least(-1), default=-1, help="requested stage (-1: assigned)"
@@ -100,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tp-rank", type=int_at_least(-1), default=-1, help="requested TP rank (-1: assigned)"
     )
+
+
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    """Where the stage runs, in which precision, and its CPU resources: the KV-cache bytes
+    (reported in blocks of --block-size) and torch threads."""
     p.add_argument("--device", type=device(), default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
@@ -111,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-threads", type=int_at_least(0), default=0, help="torch threads (0: default)"
     )
+
+
+def add_performance_flags(p: argparse.ArgumentParser) -> None:
+    """Speed and memory choices: kernels, CUDA graphs, the communication backend, the GPU's
+    KV-cache share and how activations travel between stages."""
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
     p.add_argument(
         "--cuda-graphs",
@@ -143,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU bf16, one thread: run steps of up to 2 tokens on a streaming GEMV kernel "
         "(built with the system C compiler); holds the linear weights twice",
     )
+
+
+def add_control_link_flags(p: argparse.ArgumentParser) -> None:
+    """The link to the controller once found: how long its silence is tolerated, and the
+    CurveZMQ keys it is encrypted with (both files or neither)."""
     p.add_argument(
         "--controller-timeout",
         type=float_in(1.0, 3600.0),
@@ -155,7 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--curve-server-key-file", default="", help="controller's public ZeroMQ certificate"
     )
     p.add_argument("--curve-key-file", default="", help="this worker's secret ZeroMQ certificate")
-    return p
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
