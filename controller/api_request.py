@@ -85,6 +85,44 @@ def build_generation_request(
     ended). logprobs: None, or how many alternatives each token's log-probability comes with.
     grammar: structured output, compiled by controller/grammar.py."""
     penalties = penalties or Penalties()
+    _check_fields(
+        prompt_ids, limits, penalties, stop, resume_token_ids=resume_token_ids, n=n, top_k=top_k
+    )
+    sampling = _sampling_params(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        logprobs=logprobs,
+        penalties=penalties,
+        grammar=grammar,
+        prompt_logprobs=prompt_logprobs,
+    )
+    params = _request_params(
+        limits,
+        sampling,
+        max_tokens=max_tokens,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+    )
+    return GenerationRequest(
+        request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop), tuple(resume_token_ids), n
+    )
+
+
+def _check_fields(
+    prompt_ids: Sequence[int],
+    limits: RequestLimits,
+    penalties: Penalties,
+    stop: Sequence[str],
+    *,
+    resume_token_ids: Sequence[int],
+    n: int,
+    top_k: int,
+) -> None:
+    """The field checks made before SamplingParams makes its own. Their order decides which
+    field a request with several bad ones is refused for (the same through either API): keep
+    it."""
     if not 1 <= n <= MAX_N:
         raise InvalidRequestError("n", f"must be in [1, {MAX_N}], got {n}")
     if n > 1 and resume_token_ids:
@@ -100,7 +138,23 @@ def build_generation_request(
     _check_stop_strings(stop, limits)
     if top_k < 0:
         raise InvalidRequestError("top_k", f"must be >= 0, got {top_k}")
-    sampling = SamplingParams(  # validates temperature, top_p and seed, naming them
+
+
+def _sampling_params(
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    logprobs: int | None,
+    penalties: Penalties,
+    grammar: str | None,
+    prompt_logprobs: int | None,
+) -> SamplingParams:
+    """How each token is drawn. SamplingParams validates temperature, top_p and seed (and the
+    penalties), naming them. A request without a seed gets a fresh random one, so that requests
+    that set none do not all sample with the same seed."""
+    return SamplingParams(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -114,26 +168,31 @@ def build_generation_request(
         grammar=grammar,
         prompt_logprobs=prompt_logprobs,
     )
+
+
+def _request_params(
+    limits: RequestLimits,
+    sampling: SamplingParams,
+    *,
+    max_tokens: int | None,
+    stop_token_ids: Iterable[int],
+    ignore_eos: bool,
+) -> RequestParams:
+    """When generation ends: the length limit (the server's default when unset) and the stop
+    tokens, which include the model's end-of-sequence tokens unless ignore_eos."""
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
         stop_ids |= limits.eos_token_ids
     max_tokens = limits.default_max_tokens if max_tokens is None else max_tokens
-    if penalties.min_tokens > max_tokens:
+    # Not SamplingParams' check: it never sees max_tokens, which is only settled here.
+    if sampling.min_tokens > max_tokens:
         raise InvalidRequestError(
-            "min_tokens", f"{penalties.min_tokens} is above max_tokens ({max_tokens})"
+            "min_tokens", f"{sampling.min_tokens} is above max_tokens ({max_tokens})"
         )
-    params = RequestParams(
+    return RequestParams(
         max_tokens=max_tokens,
         stop_token_ids=stop_ids,
         sampling=sampling,
-    )
-    return GenerationRequest(
-        request_id or uuid.uuid4().hex,
-        prompt_ids,
-        params,
-        tuple(stop),
-        tuple(resume_token_ids),
-        n,
     )
 
 
