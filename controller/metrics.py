@@ -41,6 +41,17 @@ class ControllerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # /metrics lists the families in the order they are registered here.
+        self._add_latency_metrics()
+        self._add_scheduler_metrics()
+        self._add_token_and_request_metrics()
+        self._add_stage_metrics()
+        # The scheduler and the workers report running totals; the counters take the increase.
+        self._preemptions_seen = 0
+        self._busy_s_seen: dict[int, float] = {}
+
+    def _add_latency_metrics(self) -> None:
+        """Per-request latency histograms: time to first token, between tokens, in the queue."""
         r = self.registry
         self.ttft = Histogram(
             "sarathi:time_to_first_token_seconds",
@@ -60,6 +71,10 @@ class ControllerMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+
+    def _add_scheduler_metrics(self) -> None:
+        """The scheduler's state (the gauges an inference gateway scrapes) and its preemptions."""
+        r = self.registry
         self.running = Gauge(
             "sarathi:num_requests_running", "Requests holding KV blocks.", registry=r
         )
@@ -70,6 +85,10 @@ class ControllerMetrics:
         self.preemptions = Counter(
             "sarathi:num_preemptions", "Sequences preempted for recompute.", registry=r
         )
+
+    def _add_token_and_request_metrics(self) -> None:
+        """Tokens in and out, and finished requests by why they finished."""
+        r = self.registry
         self.prompt_tokens = Counter(
             "sarathi:prompt_tokens", "Prompt tokens of requests that got a first token.", registry=r
         )
@@ -82,6 +101,11 @@ class ControllerMetrics:
             ["finished_reason"],
             registry=r,
         )
+
+    def _add_stage_metrics(self) -> None:
+        """How each pipeline stage spends its time (utilization, bubble, idle), and the
+        pipeline's bubble: the ratios over the last 30 s, the busy seconds as a running total."""
+        r = self.registry
         window = "over the last 30 s"
         self.stage_utilization = Gauge(
             "sarathi:stage_utilization_ratio",
@@ -112,8 +136,6 @@ class ControllerMetrics:
             f"Bubble over busy plus bubble time, mean over stages, {window}.",
             registry=r,
         )
-        self._preemptions_seen = 0
-        self._busy_s_seen: dict[int, float] = {}
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)
