@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from controller.scheduler import ConfigError
 
@@ -121,7 +122,21 @@ Stats = dict[tracemalloc.Traceback, tuple[int, int]]
 """Allocation site (or call path) -> (bytes, blocks) traced there."""
 
 
-def _growth(now: Stats, before: Stats) -> list[tuple[tracemalloc.Traceback, int, int]]:
+_Row = tuple[tracemalloc.Traceback, int, int]
+"""(site or call path, bytes grown, blocks grown)."""
+
+
+@dataclass(frozen=True)
+class _Growth:
+    """One report's growth rows, most bytes first."""
+
+    since_first: list[_Row]
+    since_previous: list[_Row]
+    paths_since_first: list[_Row]
+    """By call path (empty unless --memory-trace-frames is above 1)."""
+
+
+def _growth(now: Stats, before: Stats) -> list[_Row]:
     """(site, bytes grown, blocks grown), most bytes first; sites that shrank last."""
     rows = []
     for key in now.keys() | before.keys():
@@ -221,19 +236,40 @@ class MemoryTracer:
         rss = rss_bytes()  # before the snapshot's own (transient) memory
         by_line, by_path = self._snapshot()
         types = Counter(type(obj).__qualname__ for obj in gc.get_objects())
+        growth = self._growth_since_earlier_reports(by_line, by_path, types)
+        line = self._summary(rss, types, growth.since_first, began)
+        path = self._write_text_report(line, growth, by_line, types)
+        with (self.out_dir / "memory.jsonl").open("a") as jsonl:
+            jsonl.write(json.dumps(line) + "\n")
+        return path
+
+    def _growth_since_earlier_reports(
+        self, by_line: Stats, by_path: Stats, types: Counter[str]
+    ) -> _Growth:
+        """What grew since the first report and since the previous one. The first report is
+        the baseline of the later ones (its own growth is empty): growth since it is what the
+        soak has accumulated, growth since the previous report what the last interval added."""
         if self._first is None:
             self._first, self._previous, self._first_types = (by_line, by_path), by_line, types
-        assert self._previous is not None and self._first_types is not None
+        assert self._previous is not None
         first_line, first_path = self._first
-        since_first = _growth(by_line, first_line)
-        since_previous = _growth(by_line, self._previous)
-        path_growth = _growth(by_path, first_path)
+        growth = _Growth(
+            since_first=_growth(by_line, first_line),
+            since_previous=_growth(by_line, self._previous),
+            paths_since_first=_growth(by_path, first_path),
+        )
         self._previous = by_line
+        return growth
+
+    def _summary(
+        self, rss: int, types: Counter[str], since_first: list[_Row], began: float
+    ) -> dict[str, object]:
+        """The report's memory.jsonl line (also the head of its text report), sizes in MiB."""
         line: dict[str, object] = {
             "t_s": round(time.monotonic() - self._started, 1),
             "rss_mib": round(rss / MIB, 2),
         }
-        if tracemalloc.is_tracing():
+        if tracemalloc.is_tracing():  # not with --memory-trace-frames 0
             traced, peak = tracemalloc.get_traced_memory()
             line["traced_mib"] = round(traced / MIB, 2)
             line["traced_peak_mib"] = round(peak / MIB, 2)
@@ -248,41 +284,60 @@ class MemoryTracer:
                 for key, size, count in since_first[:10]
             ],
         }
+        return line
+
+    def _write_text_report(
+        self, line: dict[str, object], growth: _Growth, by_line: Stats, types: Counter[str]
+    ) -> Path:
+        """report-NNNN.txt: the summary's figures, then the tables of what grew and is held."""
+        assert self._first_types is not None  # set by the first report's comparison
         number = self.reports
         self.reports += 1
         path = self.out_dir / f"report-{number:04d}.txt"
-        top = self.config.top
         with path.open("w") as out:
             out.write(f"memory report {number} at {line['t_s']} s\n")
             for name, value in line.items():
-                if not isinstance(value, list):
+                if not isinstance(value, list):  # the top sites get a table of their own below
                     out.write(f"  {name}: {value}\n")
-            tables = (
-                ("grew most since the first report", since_first),
-                ("grew most since the previous report", since_previous),
-            )
-            for title, rows in tables:
-                out.write(f"\n{title} (KiB, blocks, site):\n")
-                for key, size, count in rows[:top]:
-                    out.write(f"  {size / 1024:+12.1f} {count:+9d}  {_site(key)}\n")
-            if path_growth:
-                out.write("\ncall paths that grew most since the first report:\n")
-                for key, size, count in path_growth[: max(1, top // 3)]:
-                    out.write(f"  {size / 1024:+12.1f} KiB {count:+9d} blocks\n{_path(key)}\n")
-            out.write("\nheld most now (KiB, blocks, site):\n")
-            held = sorted(by_line.items(), key=lambda item: item[1][0], reverse=True)
-            for key, (size, count) in held[:top]:
-                out.write(f"  {size / 1024:12.1f} {count:9d}  {_site(key)}\n")
-            out.write("\nobject types whose count grew most since the first report:\n")
-            type_growth = Counter(types)
-            type_growth.subtract(self._first_types)
-            for name, grown in type_growth.most_common(top):
-                if grown <= 0:
-                    break
-                out.write(f"  {grown:+9d}  {name} ({types[name]} now)\n")
-        with (self.out_dir / "memory.jsonl").open("a") as jsonl:
-            jsonl.write(json.dumps(line) + "\n")
+            _write_site_tables(out, growth, by_line, self.config.top)
+            _write_type_growth(out, types, self._first_types, self.config.top)
         return path
+
+
+def _write_site_tables(out: TextIO, growth: _Growth, by_line: Stats, top: int) -> None:
+    """The allocation sites that grew (since the first report, since the previous one), the
+    call paths that grew, and the sites holding most now; `top` rows a table."""
+    tables = (
+        ("grew most since the first report", growth.since_first),
+        ("grew most since the previous report", growth.since_previous),
+    )
+    for title, rows in tables:
+        out.write(f"\n{title} (KiB, blocks, site):\n")
+        for key, size, count in rows[:top]:
+            out.write(f"  {size / 1024:+12.1f} {count:+9d}  {_site(key)}\n")
+    if growth.paths_since_first:
+        out.write("\ncall paths that grew most since the first report:\n")
+        # A path takes several lines: fewer of them keep the report readable.
+        for key, size, count in growth.paths_since_first[: max(1, top // 3)]:
+            out.write(f"  {size / 1024:+12.1f} KiB {count:+9d} blocks\n{_path(key)}\n")
+    out.write("\nheld most now (KiB, blocks, site):\n")
+    held = sorted(by_line.items(), key=lambda item: item[1][0], reverse=True)
+    for key, (size, count) in held[:top]:
+        out.write(f"  {size / 1024:12.1f} {count:9d}  {_site(key)}\n")
+
+
+def _write_type_growth(
+    out: TextIO, types: Counter[str], first_types: Counter[str], top: int
+) -> None:
+    """The object types whose live count grew most since the first report (what tracemalloc's
+    sites do not say: which objects are kept)."""
+    out.write("\nobject types whose count grew most since the first report:\n")
+    type_growth = Counter(types)
+    type_growth.subtract(first_types)
+    for name, grown in type_growth.most_common(top):
+        if grown <= 0:
+            break
+        out.write(f"  {grown:+9d}  {name} ({types[name]} now)\n")
 
 
 @contextlib.contextmanager
