@@ -93,6 +93,20 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling | None]:
 
 
 def spec_from_config(cfg: dict[str, Any]) -> ModelSpec:
+    """config.json's fields as a ModelSpec; refuses a model we cannot run with a CheckpointError
+    naming the field."""
+    family = _family(cfg)
+    # The fields both families share (older Falcon configs call them n_embed and n_head).
+    hidden = int(_get(cfg, "hidden_size", "n_embed"))
+    heads = int(_get(cfg, "num_attention_heads", "n_head"))
+    theta, scaling = _rope(cfg)
+    if family == "llama":
+        return _llama_spec(cfg, hidden, heads, theta, scaling)
+    return _falcon_spec(cfg, hidden, heads, theta, scaling)
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    """The model family, llama or falcon: from architectures, else from model_type."""
     archs = cfg.get("architectures") or []
     family = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if family is None:
@@ -104,42 +118,44 @@ def spec_from_config(cfg: dict[str, Any]) -> ModelSpec:
             f"config.json: architectures={archs} model_type={cfg.get('model_type')!r} is "
             f"unsupported (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
-    hidden = int(_get(cfg, "hidden_size", "n_embed"))
-    heads = int(_get(cfg, "num_attention_heads", "n_head"))
-    theta, scaling = _rope(cfg)
-    if family == "llama":
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise CheckpointError("config.json: attention_bias/mlp_bias=true is unsupported")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"config.json: hidden_act={cfg['hidden_act']!r} (need silu)")
-        return ModelSpec(
-            family="llama",
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=int(_get(cfg, "num_hidden_layers")),
-            num_heads=heads,
-            num_kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
-            head_dim=int(_get(cfg, "head_dim", default=hidden // heads)),
-            ffn_size=int(_get(cfg, "intermediate_size")),
-            norm_eps=float(_get(cfg, "rms_norm_eps", default=1e-6)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-    if cfg.get("alibi"):
-        raise CheckpointError("config.json: alibi=true is unsupported (rotary Falcons only)")
-    if cfg.get("bias"):
-        raise CheckpointError(
-            "config.json: bias=true is unsupported (Falcon-7B/40B/180B have none)"
-        )
-    if cfg.get("activation", "gelu") != "gelu":
-        raise CheckpointError(f"config.json: activation={cfg['activation']!r} (need gelu)")
+    return family
+
+
+def _llama_spec(
+    cfg: dict[str, Any], hidden: int, heads: int, theta: float, scaling: RopeScaling | None
+) -> ModelSpec:
+    """Llama and Mistral: no biases, SiLU, RMSNorm; grouped-query attention when
+    num_key_value_heads is below num_attention_heads."""
+    # Refused, not ignored: the stage has neither bias weights nor another activation, so such
+    # a checkpoint would load (its extra tensors unread) and give wrong outputs.
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise CheckpointError("config.json: attention_bias/mlp_bias=true is unsupported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"config.json: hidden_act={cfg['hidden_act']!r} (need silu)")
+    return ModelSpec(
+        family="llama",
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(_get(cfg, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
+        head_dim=int(_get(cfg, "head_dim", default=hidden // heads)),
+        ffn_size=int(_get(cfg, "intermediate_size")),
+        norm_eps=float(_get(cfg, "rms_norm_eps", default=1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def _falcon_spec(
+    cfg: dict[str, Any], hidden: int, heads: int, theta: float, scaling: RopeScaling | None
+) -> ModelSpec:
+    """Falcon (rotary, no biases, GELU), in either query_key_value layout."""
+    _check_falcon_supported(cfg)
     new_arch = bool(cfg.get("new_decoder_architecture", False))
     multi_query = bool(cfg.get("multi_query", True))
-    if new_arch:
-        kv_heads = int(_get(cfg, "num_kv_heads", "n_head_kv", default=heads))
-    else:
-        kv_heads = 1 if multi_query else heads
+    kv_heads = _falcon_kv_heads(cfg, heads, new_arch, multi_query)
     num_ln = cfg.get("num_ln_in_parallel_attn")
     return ModelSpec(
         family="falcon",
@@ -159,6 +175,27 @@ def spec_from_config(cfg: dict[str, Any]) -> ModelSpec:
         parallel_attn=bool(cfg.get("parallel_attn", True)),
         num_ln_in_parallel_attn=int(num_ln) if num_ln is not None else (2 if new_arch else 1),
     )
+
+
+def _check_falcon_supported(cfg: dict[str, Any]) -> None:
+    """Refuses the Falcon variants the stage does not implement: like a Llama with biases,
+    they would load and give wrong outputs."""
+    if cfg.get("alibi"):
+        raise CheckpointError("config.json: alibi=true is unsupported (rotary Falcons only)")
+    if cfg.get("bias"):
+        raise CheckpointError(
+            "config.json: bias=true is unsupported (Falcon-7B/40B/180B have none)"
+        )
+    if cfg.get("activation", "gelu") != "gelu":
+        raise CheckpointError(f"config.json: activation={cfg['activation']!r} (need gelu)")
+
+
+def _falcon_kv_heads(cfg: dict[str, Any], heads: int, new_arch: bool, multi_query: bool) -> int:
+    """The new decoder architecture (40B, 180B) states its KV heads; the old one (7B) has one
+    shared KV head with multi_query, else one per query head."""
+    if new_arch:
+        return int(_get(cfg, "num_kv_heads", "n_head_kv", default=heads))
+    return 1 if multi_query else heads
 
 
 def load_spec(model_dir: str | Path) -> ModelSpec:
