@@ -251,16 +251,7 @@ def run(
             seqs.append(add_request(sched, seq_id, req.prompt_len, req.max_tokens, float(step)))
         if step in abort_steps:
             sched.abort(abort_steps[step])
-        checker.start_fill()
-        while True:
-            checker.before_schedule()
-            if (batch := sched.schedule(float(step))) is None:
-                break
-            checker.on_batch(batch)
-            trace.append((tuple(map(tuple, batch.chunks)), tuple(batch.finished_seq_ids)))
-            inflight.append(batch)
-        checker.end_fill()
-        checker.after_schedule()
+        schedule_all(sched, checker, float(step), inflight, trace)
         if not inflight:
             assert not sched.has_unfinished or pending, "work left but nothing scheduled"
             continue
@@ -272,7 +263,33 @@ def run(
         trace.append(tuple((s.seq_id, s.finish_reason) for s in updated))
         checker.on_result(batch)
         sched.check_invariants()
+    check_outputs(sched, checker, seqs)
+    return trace
 
+
+def schedule_all(
+    sched: Scheduler,
+    checker: Checker,
+    now: float,
+    inflight: deque[MicroBatch],
+    trace: list[tuple[object, ...]],
+) -> None:
+    """One step's scheduling: micro-batches until the scheduler has none, each checked, traced
+    and put in flight."""
+    checker.start_fill()
+    while True:
+        checker.before_schedule()
+        if (batch := sched.schedule(now)) is None:
+            break
+        checker.on_batch(batch)
+        trace.append((tuple(map(tuple, batch.chunks)), tuple(batch.finished_seq_ids)))
+        inflight.append(batch)
+    checker.end_fill()
+    checker.after_schedule()
+
+
+def check_outputs(sched: Scheduler, checker: Checker, seqs: list[Sequence]) -> None:
+    """At the end of a run: no block leaked, and every sequence's tokens are whole."""
     assert sched.block_manager.num_free == sched.block_manager.num_blocks, "blocks leaked"
     for seq in seqs:
         # each token follows the one before it, also across preemptions (no token lost or repeated)
@@ -288,7 +305,6 @@ def run(
         # every token computed once (the last output is never fed back), plus recomputation
         expected = seq.num_tokens - 1 + checker.discarded_tokens.get(seq.seq_id, 0)
         assert checker.computed_tokens[seq.seq_id] == expected
-    return trace
 
 
 # Decodes always as a vector block, as one chunk each, or switching as the roster passes 3.

@@ -12,6 +12,7 @@ import torch
 from controller.executor.plan_codec import encode_plan
 from controller.scheduler import (
     CacheConfig,
+    MicroBatch,
     RequestParams,
     SamplingParams,
     Scheduler,
@@ -74,6 +75,49 @@ class Outcome:
     num_batches: int = 0
 
 
+def make_scheduler(
+    runners: list[StageRunner],
+    budget_tokens: int,
+    tile_tokens: int,
+    vector_decodes_from: int | None,
+) -> Scheduler:
+    """A scheduler sized to the runners' KV cache, one micro-batch in flight per stage."""
+    cache = runners[0].kv_cache
+    return Scheduler(
+        SchedulerConfig(
+            budget_tokens=budget_tokens,
+            tile_tokens=tile_tokens,
+            max_num_seqs=min(16, budget_tokens),
+            pipeline_depth=len(runners),
+        ),
+        CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
+        VECTOR_DECODES_FROM if vector_decodes_from is None else vector_decodes_from,
+    )
+
+
+def run_through_stages(
+    runners: list[StageRunner], batch: MicroBatch, out: Outcome
+) -> dict[int, int]:
+    """One micro-batch through every stage in order; keeps the last stage's logits, logprobs
+    and prompt scores in out. Returns the sampled token of each sequence that yields one."""
+    hidden = None
+    for stage, runner in enumerate(runners):
+        step = runner.prepare(encode_plan(batch, with_token_ids=stage == 0))
+        hidden = runner.forward(step, hidden)
+    assert hidden is not None
+    last = runners[-1]
+    logits = last.logits(step, hidden)
+    for seq_id, first, entries in prompt_logprobs(last, step, hidden):
+        scored = out.prompt_logprobs.setdefault(seq_id, {})
+        scored.update(enumerate(entries, start=first))
+    pairs = last.sample(step, logits)
+    logprobs = last.logprobs(step, logits, [token for _, token in pairs])
+    for seq_id, row, lp in zip(step.sample_seq_ids, logits, logprobs, strict=True):
+        out.last_logits.setdefault(seq_id, []).append(row)
+        out.logprobs.setdefault(seq_id, []).append(lp)
+    return dict(pairs)
+
+
 def generate(
     runners: list[StageRunner],
     prompts: list[list[int]],
@@ -89,18 +133,7 @@ def generate(
     of every sampled position are kept for comparison. vector_decodes_from: the scheduler's
     threshold for sending decodes as packed columns (1: always); sampling: greedy when None,
     else these parameters with the seed plus the request's index."""
-    pp = len(runners)
-    cache = runners[0].kv_cache
-    scheduler = Scheduler(
-        SchedulerConfig(
-            budget_tokens=budget_tokens,
-            tile_tokens=tile_tokens,
-            max_num_seqs=min(16, budget_tokens),
-            pipeline_depth=pp,
-        ),
-        CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
-        VECTOR_DECODES_FROM if vector_decodes_from is None else vector_decodes_from,
-    )
+    scheduler = make_scheduler(runners, budget_tokens, tile_tokens, vector_decodes_from)
     for seq_id, prompt in enumerate(prompts):
         params = RequestParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids)
         if sampling is not None:  # each request its own seed: the base seed plus its index
@@ -115,21 +148,7 @@ def generate(
             batches.append(batch)
         assert batches, "scheduler stalled"
         for batch in batches:
-            hidden = None
-            for stage, runner in enumerate(runners):
-                step = runner.prepare(encode_plan(batch, with_token_ids=stage == 0))
-                hidden = runner.forward(step, hidden)
-            assert hidden is not None
-            logits = runners[-1].logits(step, hidden)
-            for seq_id, first, entries in prompt_logprobs(runners[-1], step, hidden):
-                scored = out.prompt_logprobs.setdefault(seq_id, {})
-                scored.update(enumerate(entries, start=first))
-            pairs = runners[-1].sample(step, logits)
-            sampled = dict(pairs)
-            logprobs = runners[-1].logprobs(step, logits, [token for _, token in pairs])
-            for seq_id, row, lp in zip(step.sample_seq_ids, logits, logprobs, strict=True):
-                out.last_logits.setdefault(seq_id, []).append(row)
-                out.logprobs.setdefault(seq_id, []).append(lp)
+            sampled = run_through_stages(runners, batch, out)
             now += 1.0
             for seq in scheduler.on_result(batch.batch_id, sampled, now):
                 out.tokens[seq.seq_id] = list(seq.output_token_ids)
