@@ -9,17 +9,13 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.scheduler.batch import DecodeBlock, ScheduledChunk, TokenHistory
+from controller.scheduler.scheduler_state import SchedulerState
 from controller.scheduler.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from controller.scheduler.scheduler import Scheduler
-
 
 # ScheduledChunk's generated __new__ is a Python function; tuple.__new__ builds the same record
 # in C, for the per-decode records.
@@ -27,7 +23,7 @@ _new_chunk = tuple.__new__
 
 
 class BatchBuilder:
-    def __init__(self, scheduler: Scheduler, now: float) -> None:
+    def __init__(self, scheduler: SchedulerState, now: float) -> None:
         self._sched = scheduler
         self._now = now
         self.chunks: list[ScheduledChunk] = []

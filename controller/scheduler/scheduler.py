@@ -410,7 +410,7 @@ class Scheduler:
         block_id = bm.allocate_one()
         seq.block_ids.append(block_id)
         if seq._roster is not None:
-            seq._roster.py_kv_capacity[seq._slot] += bm.block_size
+            self.roster.py_kv_capacity[seq._slot] += bm.block_size
         return block_id
 
     def _pick_victim(self) -> Sequence | None:

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import enum
 import math
+from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from controller.scheduler.errors import InvalidRequestError
 
 MAX_TOP_LOGPROBS = 20
 """Most alternatives a request may ask for (OpenAI's and vLLM's limit)."""
 
-if TYPE_CHECKING:
-    from controller.scheduler.decode_roster import DecodeRoster
+
+class RosterColumns(Protocol):
+    """The decode roster's per-slot columns a decoding Sequence reads and writes through its
+    properties (decode_roster.DecodeRoster has them); a protocol, so that the roster imports
+    this module and not the other way round."""
+
+    py_computed: array[int]
+    py_num_tokens: array[int]
+    py_inflight: array[int]
+    py_last_token_time: array[float]
+    py_last_token: array[int]
 
 
 class SequenceStatus(enum.Enum):
@@ -168,7 +178,7 @@ class Sequence:
         self._num_computed_tokens = 0
         self._num_inflight_batches = 0
         self._last_token_time: float | None = None
-        self._roster: DecodeRoster | None = None
+        self._roster: RosterColumns | None = None
         self._slot = -1
         self._admit_no = -1  # the scheduler's admission counter, set when admitted
         self.block_ids: list[int] = []

@@ -1,0 +1,40 @@
+"""What a micro-batch's builder may read and change of the scheduler: its queues, its KV
+accounting and the moves that keep them consistent.
+
+BatchBuilder works on this protocol rather than on Scheduler, so the imports run one way:
+scheduler -> policies -> batch_builder -> scheduler_state, and nothing imports back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from controller.scheduler.block_manager import BlockManager
+from controller.scheduler.config import SchedulerConfig
+from controller.scheduler.decode_roster import DecodeRoster
+from controller.scheduler.sequence import Sequence
+
+
+class SchedulerState(Protocol):
+    config: SchedulerConfig
+    block_manager: BlockManager
+    roster: DecodeRoster
+    """Decoding sequences, as arrays for the vector path."""
+    waiting: deque[Sequence]
+    running: dict[int, Sequence]
+    not_decoding: dict[int, Sequence]
+    """Running sequences off the roster: prefilling, or waiting for their last chunk's token."""
+    inflight_decodes: dict[int, int]
+    inflight_prompt_tokens: dict[int, int]
+    forks: dict[int, list[Sequence]]
+    forking: list[Sequence]
+    vector_decodes_from: int
+    spread_decodes: bool
+    spread_prompts: bool
+
+    def admit(self, seq: Sequence) -> None: ...
+
+    def join_roster(self, seq: Sequence) -> None: ...
+
+    def grow_by_one_block(self, seq: Sequence) -> int | None: ...
