@@ -22,11 +22,11 @@ from sarathictl.local_cluster import LocalClusterConfig
 def test_dtype_follows_the_cpu_flags(tmp_path: Path, flags: str, dtype: str) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    assert up.default_dtype(str(cpuinfo)) == dtype
+    assert up.default_dtype(cpuinfo=str(cpuinfo)) == dtype
 
 
 def test_no_cpuinfo_means_float32(tmp_path: Path) -> None:
-    assert up.default_dtype(str(tmp_path / "missing")) == "float32"
+    assert up.default_dtype(cpuinfo=str(tmp_path / "missing")) == "float32"
 
 
 def test_cores_are_shared_out_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +44,7 @@ def test_explicit_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     args = parser.parse_args([*model, "--dtype", "float32", "--threads", "3"])
     config = up.cluster_config(args, port=0)
     assert (config.dtype, config.threads_per_worker) == ("float32", 3)
-    monkeypatch.setattr(up, "default_dtype", lambda: "bfloat16")
+    monkeypatch.setattr(up, "default_dtype", lambda _device: "bfloat16")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     config = up.cluster_config(parser.parse_args(model), port=0)
     assert (config.dtype, config.threads_per_worker) == ("bfloat16", 2)

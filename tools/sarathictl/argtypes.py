@@ -207,7 +207,8 @@ class NumberOrName:
         return self.number.bad_values
 
 
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
+"""A torch device: cpu, cuda (every GPU here) or cuda:N."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ class Device:
     bad_values: tuple[str, ...] = ("tpu", "cuda:x")
 
     def __call__(self, text: str) -> str:
-        if not _DEVICE.fullmatch(text):
+        if not DEVICE_PATTERN.fullmatch(text):
             raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text!r}")
         return text
 

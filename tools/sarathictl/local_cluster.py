@@ -21,6 +21,8 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sarathictl.local_devices import check_device, count_cuda_gpus, worker_device_args
+
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +72,9 @@ class LocalClusterConfig:
     """Prometheus /metrics on a port of its own; 0: none."""
     dtype: str = "float32"
     """Weights and activations on the workers."""
+    device: str = "cpu"
+    """Where the workers run: cpu, cuda (this machine's GPUs shared out, local_devices.py) or
+    cuda:N."""
     threads_per_worker: int = 1
     """torch threads per worker process (processes share this machine's cores)."""
     kv_cache_bytes: int = 256 << 20
@@ -92,6 +97,7 @@ class LocalClusterConfig:
             raise ValueError(f"pp and tp must be at least 1, got pp={self.pp} tp={self.tp}")
         if not (Path(self.model_dir) / "config.json").is_file():
             raise ValueError(f"model_dir={self.model_dir!r} has no config.json")
+        check_device(self.device)
 
 
 @dataclass
@@ -117,6 +123,7 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 300.0) -> None:
         cfg = self.config
+        placements = self._worker_placements()  # before anything starts: it may refuse
         self.port = cfg.port or free_port()
         self.http_port = 0 if cfg.http_port is None else cfg.http_port or free_port()
         control = f"tcp://127.0.0.1:{free_port()}"
@@ -146,6 +153,7 @@ class LocalCluster:
                         "--stage", str(stage), "--tp-rank", str(rank), "--dtype", cfg.dtype,
                         "--num-threads", str(cfg.threads_per_worker),
                         "--kv-cache-bytes", str(cfg.kv_cache_bytes),
+                        *placements[stage * cfg.tp + rank],
                         *cfg.extra_worker_args,
                     ],
                     env,
@@ -155,6 +163,16 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _worker_placements(self) -> list[list[str]]:
+        """Each worker's device flags, by global rank (stage * tp + tp rank)."""
+        cfg = self.config
+        num_workers = cfg.pp * cfg.tp
+        num_gpus = 0 if cfg.device == "cpu" else count_cuda_gpus()
+        return [
+            worker_device_args(cfg.device, worker, num_workers, num_gpus)
+            for worker in range(num_workers)
+        ]
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
         restart = name in self._commands

@@ -13,6 +13,7 @@ from controller.simulator import AnalyticCostModel
 from sarathictl.argtypes import (
     NumberOrName,
     comma_list,
+    device,
     float_above,
     float_at_least,
     float_in,
@@ -112,6 +113,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     live.add_argument("--initial-qps", type=float_above(0.0), default=1.0, help="first rate probed")
     live.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads per worker")
+    live.add_argument(
+        "--device",
+        type=device(),
+        default="cpu",
+        help="where the --local workers run: cpu (float32), cuda or cuda:N (bfloat16; workers "
+        "that share a GPU link over gloo)",
+    )
     live.add_argument(
         "--max-probe-s",
         type=float_at_least(0.0),

@@ -157,6 +157,8 @@ def base_config(args: argparse.Namespace) -> LocalClusterConfig:
         port=0,
         threads_per_worker=args.threads,
         max_num_seqs=args.max_num_seqs,
+        device=args.device,
+        dtype="float32" if args.device == "cpu" else "bfloat16",
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
-from sarathictl.argtypes import float_in, int_at_least, port
+from sarathictl.argtypes import device, float_in, int_at_least, port
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker.models import DTYPES
 
@@ -26,9 +26,11 @@ def resolve_model(model: str) -> str:
     return str(prepare_model(PrepareOptions()).model_dir)
 
 
-def default_dtype(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """bfloat16 where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels and the GEMV
-    kernel then beat float32, and the weights take half the memory), else float32."""
+def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
+    """bfloat16 on a GPU, and where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels
+    and the GEMV kernel then beat float32, and the weights take half the memory); else float32."""
+    if device != "cpu":
+        return "bfloat16"
     try:
         flags = Path(cpuinfo).read_text(errors="replace").split()
     except OSError:
@@ -54,11 +56,18 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         help=f"token budget per micro-batch (default {LOCAL_BUDGET_TOKENS}: sized for CPU workers)",
     )
     p.add_argument(
+        "--device",
+        type=device(),
+        default="cpu",
+        help="where the workers run: cpu, cuda (this machine's GPUs shared out; workers that "
+        "share a GPU link over gloo) or cuda:N (default cpu)",
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", *sorted(DTYPES)],
-        help="worker dtype (auto: bfloat16 where the CPU computes it natively, AVX512-BF16 or "
-        "AMX, else float32)",
+        help="worker dtype (auto: bfloat16 on a GPU, and on a CPU that computes it natively, "
+        "AVX512-BF16 or AMX; else float32)",
     )
     p.add_argument(
         "--threads",
@@ -83,7 +92,8 @@ def cluster_config(
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
-        dtype=default_dtype() if args.dtype == "auto" else args.dtype,
+        dtype=default_dtype(args.device) if args.dtype == "auto" else args.dtype,
+        device=args.device,
         threads_per_worker=args.threads or threads_per_worker(args.pp * args.tp),
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,

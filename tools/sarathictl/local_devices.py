@@ -1,0 +1,48 @@
+"""Where a local cluster's workers run: the CPU, or this machine's GPUs shared out among them.
+
+A local cluster on GPUs gives worker i (stage * tp + tp_rank) GPU i mod the number of GPUs.
+When a GPU holds more than one worker (PP=2 on one GPU, the usual case on a workstation), the
+activations go over gloo, since NCCL refuses two ranks on one device, and the workers split
+the KV-cache share of the GPU's memory between them.
+"""
+
+from __future__ import annotations
+
+from sarathictl.argtypes import DEVICE_PATTERN
+
+# The share of free GPU memory one worker alone gives its KV cache (stage_worker/kv_cache.py's
+# GPU_CACHE_FRACTION; tools do not import the worker's package).
+GPU_CACHE_FRACTION = 0.85
+
+
+def check_device(device: str) -> None:
+    if not DEVICE_PATTERN.fullmatch(device):
+        raise ValueError(f"device={device!r}: expected cpu, cuda or cuda:N")
+
+
+def count_cuda_gpus() -> int:
+    """GPUs torch sees here (0 without CUDA); torch is imported only when a GPU is asked for."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def worker_device_args(device: str, worker: int, num_workers: int, num_gpus: int) -> list[str]:
+    """The stage_worker flags that place worker `worker` of `num_workers` on device, given the
+    GPUs this machine has. Raises ValueError, naming device, when it asks for a GPU not here."""
+    check_device(device)
+    if device == "cpu":
+        return []
+    if device == "cuda":
+        if num_gpus < 1:
+            raise ValueError("device='cuda': no CUDA GPU is visible on this machine")
+        gpu, workers_per_gpu = worker % num_gpus, -(-num_workers // num_gpus)
+    else:
+        gpu, workers_per_gpu = int(device.split(":")[1]), num_workers
+        if gpu >= num_gpus:
+            raise ValueError(f"device={device!r}: this machine has {num_gpus} CUDA GPUs")
+    args = ["--device", f"cuda:{gpu}"]
+    if workers_per_gpu > 1:
+        share = GPU_CACHE_FRACTION / workers_per_gpu
+        args += ["--comm-backend", "gloo", "--gpu-memory-fraction", f"{share:.3f}"]
+    return args
