@@ -283,10 +283,11 @@ class StageWorker:
         finally:
             reader.close()
         logger.info(
-            "loaded layers %d..%d (%.1f MiB) in %.2f s",
+            "loaded layers %d..%d (%.1f MiB) on %s in %.2f s",
             model.layer_ids.start,
             model.layer_ids.stop - 1,
             model.param_bytes / 2**20,
+            cfg.device,
             time.monotonic() - t0,
         )
         return model
