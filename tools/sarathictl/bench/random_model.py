@@ -1,13 +1,20 @@
 """Random-weight model folders for benchmarks: a Falcon (new decoder architecture) of a chosen
-size, and a byte-level BPE tokenizer, so a whole cluster can serve it with no download."""
+size, or a Llama-architecture model of a known shape (Mistral-7B's among them), each with a
+byte-level BPE tokenizer, so a whole cluster can serve it with no download."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 EOS = "<|endoftext|>"
+BYTE_TOKENIZER_SIZE = 257
+"""The byte-level tokenizer holds every byte plus its end-of-sequence token."""
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -115,3 +122,73 @@ def write_random_falcon(out_dir: Path, shape: FalconShape, seed: int = 0) -> Pat
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     return out_dir
+
+
+# Llama-architecture shapes (`bench stage --random-shape`, `model random-llama`): config.json
+# fields.
+SHAPES: dict[str, dict[str, int | float | bool]] = {
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True, rope_theta=10000.0,
+    ),
+    "smollm2-135m": dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
+    ),
+    "mistral-7b": dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=False, rope_theta=1e6,
+    ),
+}  # fmt: skip
+
+
+def shape_config(shape: str) -> dict[str, object]:
+    """The config.json of a Llama shape."""
+    cfg: dict[str, object] = dict(SHAPES[shape], architectures=["LlamaForCausalLM"])
+    cfg.update(model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")
+    cfg.update(max_position_embeddings=8192)
+    return cfg
+
+
+def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype, seed: int = 0) -> Path:
+    """config.json, model.safetensors (N(0, 0.02) matrices in dtype, norms 1) and, where the
+    vocabulary holds it, a byte-level tokenizer of a Llama shape. Mistral-7B's takes 14.5 GB
+    in bfloat16, held in memory whole before it is written."""
+    import torch
+    from safetensors.torch import save_file
+
+    shape_cfg = SHAPES[shape]
+    h, f = int(shape_cfg["hidden_size"]), int(shape_cfg["intermediate_size"])
+    heads, kv = int(shape_cfg["num_attention_heads"]), int(shape_cfg["num_key_value_heads"])
+    vocab, num_layers = int(shape_cfg["vocab_size"]), int(shape_cfg["num_hidden_layers"])
+    d = h // heads
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*size: int) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen) * 0.02).to(dtype)
+
+    tensors = {"model.embed_tokens.weight": rand(vocab, h)}
+    tensors["model.norm.weight"] = torch.ones(h, dtype=dtype)
+    if not shape_cfg["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = rand(vocab, h)
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": rand(heads * d, h),
+            p + "self_attn.k_proj.weight": rand(kv * d, h),
+            p + "self_attn.v_proj.weight": rand(kv * d, h),
+            p + "self_attn.o_proj.weight": rand(h, heads * d),
+            p + "mlp.gate_proj.weight": rand(f, h),
+            p + "mlp.up_proj.weight": rand(f, h),
+            p + "mlp.down_proj.weight": rand(h, f),
+            p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
+            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype),
+        }
+    model_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    cfg = shape_config(shape)
+    if vocab >= BYTE_TOKENIZER_SIZE:  # else token ids only (bench stage's tiny shape)
+        eos_id = write_byte_tokenizer(model_dir, vocab_size=min(300, vocab))
+        cfg |= {"eos_token_id": eos_id, "bos_token_id": eos_id}
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    return model_dir

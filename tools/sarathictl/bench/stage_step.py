@@ -30,6 +30,7 @@ import torch
 from controller.scheduler.step_cost import attended
 from controller.simulator.step_cost_fit import nonnegative_fit
 from sarathictl.argtypes import comma_list, device, int_at_least
+from sarathictl.bench.random_model import SHAPES, shape_config, write_random_llama
 from stage_worker.attention import SeqSlice, cpu_kernel, make_backend
 from stage_worker.attention.base import build_metadata
 from stage_worker.checkpoint import CheckpointReader
@@ -45,30 +46,6 @@ logger = logging.getLogger(__name__)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_CHUNKS = (32, 64, 128, 256, 512, 1024)
 BLOCK_SIZE = 16
-
-# Llama-architecture shapes for --random-shape: config.json fields.
-SHAPES: dict[str, dict[str, int | float | bool]] = {
-    "tiny": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True, rope_theta=10000.0,
-    ),
-    "smollm2-135m": dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
-    ),
-    "mistral-7b": dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=False, rope_theta=1e6,
-    ),
-}  # fmt: skip
-
-
-def shape_config(shape: str) -> dict[str, object]:
-    """The config.json of a --random-shape shape."""
-    cfg: dict[str, object] = dict(SHAPES[shape], architectures=["LlamaForCausalLM"])
-    cfg.update(model_type="llama", rms_norm_eps=1e-5, hidden_act="silu")
-    cfg.update(max_position_embeddings=8192)
-    return cfg
 
 
 def random_stage(spec: ModelSpec, device: str, dtype: torch.dtype, seed: int = 0) -> StageModel:
@@ -89,44 +66,6 @@ def random_stage(spec: ModelSpec, device: str, dtype: torch.dtype, seed: int = 0
             model.lm_head.weight = model.embed.weight  # one matrix, as a tied checkpoint loads
     model.pack()
     return model
-
-
-def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype) -> None:
-    """A Llama checkpoint with random weights: config.json + model.safetensors."""
-    from safetensors.torch import save_file
-
-    shape_cfg = SHAPES[shape]
-    h, f = int(shape_cfg["hidden_size"]), int(shape_cfg["intermediate_size"])
-    heads, kv = int(shape_cfg["num_attention_heads"]), int(shape_cfg["num_key_value_heads"])
-    vocab, num_layers = int(shape_cfg["vocab_size"]), int(shape_cfg["num_hidden_layers"])
-    tied = bool(shape_cfg["tie_word_embeddings"])
-    d = h // heads
-    cfg = shape_config(shape)
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) * 0.02).to(dtype)
-
-    tensors = {"model.embed_tokens.weight": rand(vocab, h)}
-    tensors["model.norm.weight"] = torch.ones(h, dtype=dtype)
-    if not tied:
-        tensors["lm_head.weight"] = rand(vocab, h)
-    for i in range(num_layers):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rand(heads * d, h),
-            p + "self_attn.k_proj.weight": rand(kv * d, h),
-            p + "self_attn.v_proj.weight": rand(kv * d, h),
-            p + "self_attn.o_proj.weight": rand(h, heads * d),
-            p + "mlp.gate_proj.weight": rand(f, h),
-            p + "mlp.up_proj.weight": rand(f, h),
-            p + "mlp.down_proj.weight": rand(h, f),
-            p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype),
-        }
-    model_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(model_dir / "model.safetensors"))
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
 def _sync(device: str) -> None:

@@ -6,11 +6,18 @@ import argparse
 from pathlib import Path
 
 from sarathictl.argtypes import int_at_least
-from sarathictl.bench.random_model import FalconShape, write_random_falcon
+from sarathictl.bench.random_model import (
+    BYTE_TOKENIZER_SIZE,
+    SHAPES,
+    FalconShape,
+    write_random_falcon,
+)
 from sarathictl.model_prep import DTYPE_NAMES, default_cache_dir, default_model_dir
 
-BYTE_TOKENIZER_SIZE = 257
-"""The random Falcon's tokenizer holds every byte plus its end-of-sequence token."""
+# Shapes whose vocabulary holds the byte-level tokenizer, so a cluster can serve them.
+SERVABLE_SHAPES = sorted(
+    n for n, s in SHAPES.items() if int(s["vocab_size"]) >= BYTE_TOKENIZER_SIZE
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,6 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     model_sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     _register_prepare_demo(model_sub)
     _register_random_falcon(model_sub)
+    _register_random_llama(model_sub)
 
 
 def _register_prepare_demo(model_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,6 +94,24 @@ def _register_random_falcon(model_sub: argparse._SubParsersAction[argparse.Argum
     random.set_defaults(run=run_random_falcon)
 
 
+def _register_random_llama(model_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    random = model_sub.add_parser(
+        "random-llama",
+        help="write a random-weight Llama-architecture model of a known shape (Mistral-7B's)",
+        description=(
+            "Makes DIR a model folder (config.json, model.safetensors, a byte-level tokenizer) "
+            "of a Llama-architecture shape with random weights, N(0, 0.02): the GPU live "
+            "benchmarks' model, made offline. mistral-7b takes 14.5 GB in bfloat16 and about "
+            "that much memory while it is written."
+        ),
+    )
+    random.add_argument("model_dir", metavar="DIR", type=Path, help="folder to write")
+    random.add_argument("--shape", choices=SERVABLE_SHAPES, default="mistral-7b")
+    random.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16")
+    random.add_argument("--seed", type=int_at_least(0), default=0, help="weights' random seed")
+    random.set_defaults(run=run_random_llama)
+
+
 def run_prepare_demo(args: argparse.Namespace) -> int:
     # Imported here: torch and gguf take seconds to import and other commands never need them.
     from sarathictl.model_prep.prepare import PrepareOptions, prepare_model
@@ -118,4 +144,15 @@ def run_random_falcon(args: argparse.Namespace) -> int:
     size_mib = sum(f.stat().st_size for f in out.iterdir()) / (1 << 20)
     print(f"{out}: random Falcon, {shape.num_hidden_layers} layers x {shape.hidden_size} "
           f"({size_mib:.1f} MiB)")  # fmt: skip
+    return 0
+
+
+def run_random_llama(args: argparse.Namespace) -> int:
+    import torch
+
+    from sarathictl.bench.random_model import write_random_llama
+
+    out = write_random_llama(args.model_dir, args.shape, getattr(torch, args.dtype), args.seed)
+    size_mib = sum(f.stat().st_size for f in out.iterdir()) / (1 << 20)
+    print(f"{out}: random {args.shape} ({size_mib:.1f} MiB, {args.dtype})")
     return 0
