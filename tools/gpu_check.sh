@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # The GPU path in one go, on a machine with an NVIDIA GPU (issue 20 in BENCHMARKS.md's GPU
-# section): installs what that machine lacks from wheels given to it, runs tests/gpu, then the
-# stage benchmarks of a Mistral-7B-shaped model with random bf16 weights, and writes everything
-# to OUT_DIR (tests as JUnit XML and a log, each benchmark as JSON and a table).
+# section): installs what that machine lacks from wheels given to it, then runs its parts and
+# writes everything to OUT_DIR:
+#   tests  tests/gpu (JUnit XML and a log), the PP 2 local cluster on one GPU among them;
+#   bench  the stage benchmarks of a Mistral-7B-shaped model with random bf16 weights (JSON and
+#          a table each);
+#   live-sarathi, live-vllm
+#          each policy's capacity on a local cluster (PP 1) of that model at the strict SLO,
+#          lengths from the arxiv trace (JSON and a log); a part each, to fit a call.
 #
 #   tools/gpu_check.sh OUT_DIR [WHEEL_DIR]
 #
 # WHEEL_DIR (default .whl) holds the wheels to install with --no-deps into a private folder
 # (flashinfer-python and apache-tvm-ffi, pyzmq, the HTTP and gRPC stack at this project's
 # versions); pip is not asked to reach any index.
+# GPU_CHECK_PARTS (default "tests bench live-sarathi live-vllm") picks parts, so that each fits a call's time
+# limit. The live part writes its model once, to GPU_CHECK_MODEL_DIR (default
+# /tmp/gpu_check_model, 14.5 GB); GPU_CHECK_DEVICE (default cuda) and GPU_CHECK_SHAPE (default
+# mistral-7b) let it run on the CPU with a small shape as a dry run; GPU_LIVE_ARGS is appended
+# to its `bench capacity` command (the last of a repeated flag wins).
 set -uo pipefail
 
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [WHEEL_DIR]}
@@ -34,10 +44,13 @@ export PYTHONUNBUFFERED=1
   python3 -c 'import flashinfer; print("flashinfer", flashinfer.__version__)' 2>&1 | tail -1
 } | tee "$out/device.txt"
 
+parts=" ${GPU_CHECK_PARTS:-tests bench live-sarathi live-vllm} "
 status=0
-timeout "${GPU_TESTS_TIMEOUT_S:-420}" python3 -m pytest tests/gpu -v -p no:cacheprovider \
-  --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" || status=1
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+if [[ $parts == *" tests "* ]]; then
+  timeout "${GPU_TESTS_TIMEOUT_S:-420}" python3 -m pytest tests/gpu -v -p no:cacheprovider \
+    --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" || status=1
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
 
 bench() {  # bench NAME ARGS...: the stage benchmark as JSON and as a table
   local name=$1
@@ -59,9 +72,29 @@ for row in r["rows"]:
     print(f"| {row['kind']} | {row['tokens']} | {row['step_ms']:.2f} | {'-' if g is None else f'{g:.2f}'} | {extra} |")
 PY
 }
-if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
+if [[ $parts == *" bench "* ]]; then
   bench stage-torch --attention torch
   bench stage-flashinfer --attention flashinfer --no-cuda-graphs
 fi
+
+sarathictl() { python3 -c 'import sys; from sarathictl.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
+  local policy=$1 pp=$2 model=${GPU_CHECK_MODEL_DIR:-/tmp/gpu_check_model}
+  local name=live-pp$2-$1
+  if [ ! -f "$model/config.json" ]; then
+    sarathictl model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" || { status=1; return; }
+  fi
+  # The paper's strict-SLO setting for Mistral-7B: budget 512; prompts and outputs within the
+  # model's 8192 positions.
+  # shellcheck disable=SC2086  # GPU_LIVE_ARGS is a list of flags
+  timeout "${GPU_LIVE_TIMEOUT_S:-540}" sarathictl bench capacity --local \
+    --device "${GPU_CHECK_DEVICE:-cuda}" --model "$model" --pp "$pp" --policies "$policy" \
+    --tbt-slo strict --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
+    --max-probe-s 30 --granularity 0.1 ${GPU_LIVE_ARGS:-} --json \
+    >"$out/$name.json" 2> >(tee "$out/$name.log" >&2) || status=1
+}
+for policy in sarathi vllm; do
+  if [[ $parts == *" live-$policy "* ]]; then live "$policy" 1; fi
+done
 echo "gpu_check: status $status; results in $out"
 exit $status
