@@ -143,6 +143,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
         status.stages.add(
             stage=stage.stage,
             host=stage.host,
+            device=stage.device,
             tp_ranks=sorted(stage.tp_ranks),
             utilization_pct=100.0 * shares.utilization,
             bubble_pct=100.0 * shares.bubble,

@@ -31,6 +31,8 @@ class StageTelemetry:
     stage: int
     window_s: float = 30.0
     host: str = ""
+    device: str = ""
+    """TP rank 0's device as its worker named it (cpu, cuda, cuda:N)."""
     tp_ranks: set[int] = field(default_factory=set)
     last_batch_id: int = 0
     last_heartbeat_time: float = 0.0

@@ -14,6 +14,7 @@ class WorkerInfo:
     host: str
     stage: int
     tp_rank: int
+    device: str = ""
     num_kv_blocks: int = 0
     param_bytes: int = 0
     ready: bool = False
@@ -58,7 +59,9 @@ class PipelineSlots:
             if not free:
                 raise ValueError(f"all {self.pp * self.tp} places of the pipeline are taken")
             place = free[0]
-        info = WorkerInfo(identity, hello.worker_id, hello.host, place[0], place[1])
+        info = WorkerInfo(
+            identity, hello.worker_id, hello.host, place[0], place[1], device=hello.device
+        )
         self.workers[place] = info
         return info
 

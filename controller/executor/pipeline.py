@@ -128,7 +128,7 @@ class PipelineExecutor:
         stage = self.stages[info.stage]
         stage.tp_ranks.add(info.tp_rank)
         if info.tp_rank == 0:
-            stage.host = info.host
+            stage.host, stage.device = info.host, info.device
         log.info(
             "worker %s on %s -> stage %d rank %d",
             info.worker_id,

@@ -205,7 +205,9 @@ def test_status_command_prints_a_table_and_json(cluster: RunningCluster) -> None
         check=True,
         timeout=60,
     ).stdout
-    assert [s["stage"] for s in json.loads(out)["stages"]] == [0, 1]
+    stages = json.loads(out)["stages"]
+    assert [s["stage"] for s in stages] == [0, 1]
+    assert [s["device"] for s in stages] == ["cpu", "cpu"]  # each stage's rank 0, as it said
     table = subprocess.run(
         [sys.executable, "-m", "sarathictl.cli", "status", "--addr", cluster.addr],
         capture_output=True,

@@ -34,3 +34,12 @@ def test_each_stage_shows_utilization_bubble_and_idle() -> None:
     text = rendered(status)
     assert "bubble %" in text and "idle %" in text
     assert "61.0" in text and "27.5" in text and "11.5" in text
+
+
+def test_each_stage_shows_the_device_its_workers_run_on() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.stages.add(stage=0, host="10.0.0.1", device="cuda:1", up=True)
+    status.stages.add(stage=1, host="10.0.0.2", up=True)  # a worker that named none
+    text = rendered(status)  # 80 columns: the device may go under its host, in the same cell
+    assert "(cuda:1)" in text
+    assert "10.0.0.2 " in text and "10.0.0.2 (" not in text and "()" not in text

@@ -68,7 +68,7 @@ def render(status: generate_pb2.StatusResponse) -> Group:
     stages = Table(title=f"{status.model}: pipeline stages", title_justify="left")
     columns = (
         "stage",
-        "host",
+        "host (device)",
         "TP",
         "util %",
         "bubble %",
@@ -77,11 +77,11 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         "in flight",
     )
     for column in columns:
-        stages.add_column(column, justify="right" if column not in ("host",) else "left")
+        stages.add_column(column, justify="left" if column == "host (device)" else "right")
     for s in status.stages:
         stages.add_row(
             stage_label(s),
-            s.host or "-",
+            f"{s.host or '-'} ({s.device})" if s.device else s.host or "-",
             ",".join(str(r) for r in s.tp_ranks) or "-",
             f"{s.utilization_pct:.1f}",
             f"{s.bubble_pct:.1f}",
