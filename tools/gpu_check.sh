@@ -14,11 +14,12 @@
 # WHEEL_DIR (default .whl) holds the wheels to install with --no-deps into a private folder
 # (flashinfer-python and apache-tvm-ffi, pyzmq, the HTTP and gRPC stack at this project's
 # versions); pip is not asked to reach any index.
-# GPU_CHECK_PARTS (default "tests bench live-sarathi live-vllm") picks parts, so that each fits a call's time
-# limit. The live part writes its model once, to GPU_CHECK_MODEL_DIR (default
-# /tmp/gpu_check_model, 14.5 GB); GPU_CHECK_DEVICE (default cuda) and GPU_CHECK_SHAPE (default
-# mistral-7b) let it run on the CPU with a small shape as a dry run; GPU_LIVE_ARGS is appended
-# to its `bench capacity` command (the last of a repeated flag wins).
+# GPU_CHECK_PARTS (default "tests bench live-sarathi live-vllm") picks parts, so that each fits
+# a call's time limit. The live parts write their model once, to GPU_CHECK_MODEL_DIR (default
+# /tmp/gpu_check_model, 14.5 GB), and keep the strict SLO the first of them measured there, so
+# that both policies are held to the same one. GPU_CHECK_DEVICE (default cuda) and
+# GPU_CHECK_SHAPE (default mistral-7b) let them run on the CPU with a small shape as a dry run;
+# GPU_LIVE_ARGS is appended to their `bench capacity` command (the last of a repeated flag wins).
 set -uo pipefail
 
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [WHEEL_DIR]}
@@ -84,14 +85,21 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   if [ ! -f "$model/config.json" ]; then
     sarathictl model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" || { status=1; return; }
   fi
+  # The strict SLO: 5x the decode step of a batch of 32, measured by the first live part.
+  local slo_file=$model/strict_tbt_slo_s slo=strict
+  [ -s "$slo_file" ] && slo=$(cat "$slo_file")
   # The paper's strict-SLO setting for Mistral-7B: budget 512; prompts and outputs within the
   # model's 8192 positions.
   # shellcheck disable=SC2086  # GPU_LIVE_ARGS is a list of flags
   timeout "${GPU_LIVE_TIMEOUT_S:-540}" sarathictl bench capacity --local \
     --device "${GPU_CHECK_DEVICE:-cuda}" --model "$model" --pp "$pp" --policies "$policy" \
-    --tbt-slo strict --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
+    --tbt-slo "$slo" --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
     --max-probe-s 30 --granularity 0.1 ${GPU_LIVE_ARGS:-} --json \
-    >"$out/$name.json" 2> >(tee "$out/$name.log" >&2) || status=1
+    >"$out/$name.json" 2> >(tee "$out/$name.log" >&2) || { status=1; return; }
+  if [ "$slo" = strict ]; then
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["tbt_slo_s"])' \
+      "$out/$name.json" >"$slo_file"
+  fi
 }
 for policy in sarathi vllm; do
   if [[ $parts == *" live-$policy "* ]]; then live "$policy" 1; fi
