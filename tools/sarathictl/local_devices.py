@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from sarathictl.argtypes import DEVICE_PATTERN
 
-# The share of free GPU memory one worker alone gives its KV cache (stage_worker/kv_cache.py's
-# GPU_CACHE_FRACTION; tools do not import the worker's package).
-GPU_CACHE_FRACTION = 0.85
-
 
 def check_device(device: str) -> None:
     if not DEVICE_PATTERN.fullmatch(device):
@@ -43,6 +39,9 @@ def worker_device_args(device: str, worker: int, num_workers: int, num_gpus: int
             raise ValueError(f"device={device!r}: this machine has {num_gpus} CUDA GPUs")
     args = ["--device", f"cuda:{gpu}"]
     if workers_per_gpu > 1:
+        # Imported here: it imports torch, which a CPU cluster's command line never needs.
+        from stage_worker.kv_cache import GPU_CACHE_FRACTION  # one worker alone's share
+
         share = GPU_CACHE_FRACTION / workers_per_gpu
         args += ["--comm-backend", "gloo", "--gpu-memory-fraction", f"{share:.3f}"]
     return args
