@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py builds the C kernels (stage_worker/csrc) into the editable install: rebuilt when they change.
+$(STAMP): pyproject.toml setup.py $(wildcard stage_worker/csrc/*)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if ! $(PY) -c 'import torch' 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: installing torch from the index"; \

@@ -1,22 +1,15 @@
-"""The CPU attention kernel (paged_attention.c): every query token of a step over its own paged
-context (a decode's sequence, a prompt token's causal prefix), read in place. The torch backend
-runs whole steps on it on CPUs with AVX-512 and its bf16 instructions (bf16 and float32
-caches); anything else keeps the torch path (SDPA per prefill chunk, paged_decode for
-decodes)."""
+"""The CPU attention kernel (stage_worker/csrc/paged_attention.c): every query token of a step
+over its own paged context (a decode's sequence, a prompt token's causal prefix), read in place,
+the (token, KV head) pairs shared out among the worker's threads. The torch backend runs whole
+steps on it on CPUs with AVX-512 and its bf16 instructions (bf16 and float32 caches); anything
+else keeps the torch path (SDPA per prefill chunk, paged_decode for decodes)."""
 
 from __future__ import annotations
-
-import ctypes
-from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 
 import torch
 
 from stage_worker import native
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
-_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 MAX_GROUP = 64
 """Query heads per KV head the kernel takes (Falcon-180B's TP-4 shard has 29)."""
 MAX_HEAD_DIM = 256
@@ -30,22 +23,9 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-@cache
-def _kernel() -> Callable[..., int] | None:
-    needs = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-    fn = native.load(SOURCE, "paged_attention", _FLAGS, needs)
-    if fn is None:
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
-    fn.argtypes += [ptr, ptr, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def available() -> bool:
-    """Whether the kernel is on and loads on this machine."""
-    return _enabled and _kernel() is not None
+    """Whether the kernel is on and runs on this machine."""
+    return _enabled and native.kernels() is not None
 
 
 def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -70,9 +50,9 @@ def takes_tensors(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
-def scratch_floats(num_q_heads: int, num_kv_heads: int, max_context: int) -> int:
-    """float32 values of scratch the kernel needs for one call: a KV head's scores."""
-    return num_q_heads // num_kv_heads * (-(-max_context // 16) * 16)
+def scratch_floats(num_q_heads: int, num_kv_heads: int, max_context: int, threads: int) -> int:
+    """float32 values of scratch one call needs: a KV head's scores for each thread."""
+    return threads * (num_q_heads // num_kv_heads) * (-(-max_context // 16) * 16)
 
 
 def attend(
@@ -82,24 +62,21 @@ def attend(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     scratch: torch.Tensor,
+    threads: int,
 ) -> torch.Tensor:
     """q: [T, Hq, D], one row per query token; caches: [blocks, bs, Hkv, D] contiguous;
     block_table: [T, max_blocks] int64 contiguous, each token's sequence's table; context_lens:
-    [T] int64, the positions each token attends; scratch: float32 of scratch_floats() values
-    -> [T, Hq, D] in the caches' dtype. Call only where takes_heads() and takes_tensors()
-    hold."""
-    fn = _kernel()
-    assert fn is not None, "attend() called where the kernel is not available"
+    [T] int64, the positions each token attends; scratch: float32 of scratch_floats() values for
+    `threads` threads -> [T, Hq, D] in the caches' dtype. Call only where takes_heads() and
+    takes_tensors() hold; the module refuses (ValueError) anything it would read out of
+    bounds."""
+    module = native.kernels()
+    assert module is not None, "attend() called where the kernel is not available"
     q = q.contiguous()
-    batch, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
-    status = fn(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
-        context_lens.data_ptr(), batch, num_q_heads, num_kv_heads, head_dim, block_size,
-        block_table.shape[1], head_dim**-0.5, scratch.data_ptr(), out.data_ptr(),
-        int(q.dtype == torch.bfloat16),
+    capsule = native.capsule
+    module.paged_attention(
+        capsule(q), capsule(k_cache), capsule(v_cache), capsule(block_table),
+        capsule(context_lens), capsule(scratch), capsule(out), q.shape[2] ** -0.5, threads,
     )  # fmt: skip
-    if status != 0:
-        raise ValueError(f"attention kernel refused heads {num_q_heads}/{num_kv_heads}x{head_dim}")
     return out

@@ -42,7 +42,8 @@ class _KernelStep:
 
     block_table: torch.Tensor  # [T, max_blocks] int64: the table of each token's sequence
     context_lens: torch.Tensor  # [T] int64: positions each token attends
-    scratch: torch.Tensor  # float32, cpu_kernel.scratch_floats()
+    scratch: torch.Tensor  # float32, cpu_kernel.scratch_floats() for `threads` threads
+    threads: int  # the worker's torch threads when the step was prepared
 
 
 def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -> _KernelStep:
@@ -58,10 +59,12 @@ def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -
     q0_minus_p0 = np.fromiter((s.query_start - s.first_position for s in seqs), np.int64)
     lens = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(q0_minus_p0, counts) + 1
     max_len = max(s.context_len for s in seqs)
+    threads = torch.get_num_threads()
     return _KernelStep(
         torch.from_numpy(np.repeat(tables, counts, axis=0)),
         torch.from_numpy(lens),
-        torch.empty(cpu_kernel.scratch_floats(num_q_heads, num_kv_heads, max_len)),
+        torch.empty(cpu_kernel.scratch_floats(num_q_heads, num_kv_heads, max_len, threads)),
+        threads,
     )
 
 
@@ -94,7 +97,7 @@ class TorchAttention:
         # a step prepared for the kernel (on the CPU, heads it takes, the kernel available)
         if isinstance(step, _KernelStep) and cpu_kernel.takes_tensors(q, k_cache):
             return cpu_kernel.attend(
-                q, k_cache, v_cache, step.block_table, step.context_lens, step.scratch
+                q, k_cache, v_cache, step.block_table, step.context_lens, step.scratch, step.threads
             )
         if "torch_prefills" not in meta.extra:  # a dtype the kernel does not take (float16)
             _prepare_torch(meta)

@@ -14,7 +14,7 @@ from stage_worker.attention.torch_backend import TorchAttention, paged_decode
 BLOCK_SIZE = 16
 
 needs_kernel = pytest.mark.skipif(
-    cpu_kernel._kernel() is None, reason="the CPU attention kernel cannot run here (no AVX-512)"
+    not cpu_kernel.available(), reason="the CPU attention kernel cannot run here (no AVX-512)"
 )
 
 
@@ -63,23 +63,36 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 3])
 def test_decodes_match_the_torch_path(
-    lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype
+    lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, threads: int
 ) -> None:
     q, k_cache, v_cache, table, context = _case(lens, hq, hkv, d, dtype, seed=len(lens) + d)
-    scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, max(lens)))
-    got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch)
+    scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, max(lens), threads))
+    got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads)
     assert got.shape == q.shape and got.dtype == dtype
     want = _reference(q, k_cache, v_cache, table, context)
     torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
 
 
 @needs_kernel
+def test_threads_change_nothing() -> None:
+    """Each (token, KV head) pair is one thread's whole work: the output is bit for bit the
+    same at any thread count."""
+    q, k_cache, v_cache, table, context = _case([17, 600, 33, 1], 9, 3, 64, torch.bfloat16, 5)
+    outs = []
+    for threads in (1, 2, 4):
+        scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, 600, threads))
+        outs.append(cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@needs_kernel
 def test_a_strided_query_is_read_right() -> None:
     q, k_cache, v_cache, table, context = _case([40, 70], 4, 2, 64, torch.float32, seed=3)
     wide = torch.cat([q, torch.zeros_like(q)], dim=2)[:, :, :64]  # non-contiguous view of q
-    scratch = torch.empty(cpu_kernel.scratch_floats(4, 2, 70))
-    got = cpu_kernel.attend(wide, k_cache, v_cache, table, context, scratch)
+    scratch = torch.empty(cpu_kernel.scratch_floats(4, 2, 70, 1))
+    got = cpu_kernel.attend(wide, k_cache, v_cache, table, context, scratch, 1)
     torch.testing.assert_close(got, _reference(q, k_cache, v_cache, table, context))
 
 

@@ -16,11 +16,31 @@
  * KiB: it stays in L1/L2 between the passes). Everything is summed in float32 and the output is
  * rounded once (to bf16, nearest, ties to even, for a bf16 cache).
  *
- * Built by stage_worker/native.py with -O3 -mavx512f -mavx512bw -mavx512vl -mavx512bf16, used
- * only on CPUs that report all four; head_dim must be a multiple of 16 (the caller checks).
+ * Threads: the (query token, KV head) pairs are shared out among OpenMP threads, each with its
+ * own block of the scratch; a pair's work is independent of every other's, so the output is the
+ * same whatever the thread count.
+ *
+ * Compiled into stage_worker._kernels for AVX-512 with bf16 (kernels.h), called only by
+ * module.c after it has checked every shape, dtype, table entry and the CPU; head_dim is a
+ * multiple of 16.
  */
+#include "kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+static inline int omp_thread(void) { return omp_get_thread_num(); }
+#else
+static inline int omp_thread(void) { return 0; }
+#endif
+
+#if SARATHI_HAVE_X86_KERNELS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))), \
+                             apply_to = function)
+#endif
 #include <immintrin.h>
-#include <stdint.h>
 #include <string.h>
 
 /* 16 float32 values of a bf16 (is_bf16) or float32 row. */
@@ -248,29 +268,32 @@ static void attend_any(const char *q, const char *kc, const char *vc, const int6
 /* q: [T, Hq, D] contiguous, one row per query token, same dtype as the caches; k_cache,
  * v_cache: [num_blocks, block_size, Hkv, D] contiguous; block_table: [T, max_blocks] int64, the
  * table of each token's sequence; context_lens: [T] int64, the positions each token attends
- * (each >= 1 and covered by its row of the table); scratch: float32, at least
- * group * (max context_len rounded up to 16) values; out: [T, Hq, D] contiguous, the caches'
- * dtype.
- * Hq = Hkv * group with group <= 64; D a multiple of 16, at most 256. */
-int paged_attention(const void *q, const void *k_cache, const void *v_cache,
-                           const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
-                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t block_size, int64_t max_blocks, float scale, float *scratch,
-                           void *out, int is_bf16) {
+ * (each >= 1 and covered by its row of the table); scratch: float32, num_threads blocks of
+ * scratch_floats >= group * (max context_len rounded up to 16) values; out: [T, Hq, D]
+ * contiguous, the caches' dtype. Hq = Hkv * group with group <= 64; D a multiple of 16, at most
+ * 256 (module.c checks all of it). */
+void paged_attention(const void *q, const void *k_cache, const void *v_cache,
+                     const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
+                     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                     int64_t block_size, int64_t max_blocks, float scale, float *scratch,
+                     int64_t scratch_floats, void *out, int is_bf16, int num_threads) {
     const int64_t group = num_q_heads / num_kv_heads;
-    if (group * num_kv_heads != num_q_heads || group > 64 || head_dim % 16 || head_dim > 256)
-        return 1;
     const int64_t elem = is_bf16 ? 2 : 4, row_stride = num_kv_heads * head_dim;
-    for (int64_t b = 0; b < tokens; ++b) {
-        const int64_t *table = block_table + b * max_blocks;
-        const char *qb = (const char *)q + b * num_q_heads * head_dim * elem;
-        char *ob = (char *)out + b * num_q_heads * head_dim * elem;
-        for (int64_t h = 0; h < num_kv_heads; ++h) {
-            const int64_t first_row = h * group * head_dim * elem; /* of the group's q and out */
-            attend_any(qb + first_row, (const char *)k_cache, (const char *)v_cache, table,
-                       context_lens[b], block_size, row_stride, h, group, scale, scratch,
-                       ob + first_row, (int)(head_dim / 16), is_bf16);
-        }
+    const int64_t pairs = tokens * num_kv_heads;
+    /* dynamic: a prompt chunk's later tokens attend longer contexts than its first ones */
+#pragma omp parallel for schedule(dynamic) num_threads(num_threads) if (num_threads > 1)
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+        const int64_t b = pair / num_kv_heads, h = pair % num_kv_heads;
+        float *mine = scratch + (int64_t)omp_thread() * scratch_floats;
+        const int64_t first_row = (b * num_q_heads + h * group) * head_dim * elem;
+        attend_any((const char *)q + first_row, (const char *)k_cache, (const char *)v_cache,
+                   block_table + b * max_blocks, context_lens[b], block_size, row_stride, h,
+                   group, scale, mine, (char *)out + first_row, (int)(head_dim / 16), is_bf16);
     }
-    return 0;
 }
+
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
+#endif /* SARATHI_HAVE_X86_KERNELS */

@@ -9,11 +9,19 @@
  * partial sums per token so consecutive instructions do not wait on each other, and rounded to
  * bf16 (nearest, ties to even) once per output.
  *
- * Built by stage_worker/layers/gemv.py with -O3 -mavx512f -mavx512bw -mavx512bf16, used only on
- * CPUs that report avx512_bf16.
+ * Compiled into stage_worker._kernels for AVX-512 with bf16 (kernels.h), called only by
+ * module.c after it has checked the shapes, dtypes and the CPU.
  */
+#include "kernels.h"
+
+#if SARATHI_HAVE_X86_KERNELS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))), \
+                             apply_to = function)
+#endif
 #include <immintrin.h>
-#include <stdint.h>
 #include <string.h>
 
 #define TOKENS 3 /* tokens per pass over the weight (more ran slower: see gemv_bf16) */
@@ -80,3 +88,9 @@ void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int
         }
     }
 }
+
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
+#pragma GCC pop_options
+#endif /* SARATHI_HAVE_X86_KERNELS */

@@ -1,0 +1,30 @@
+/* The C kernels of stage_worker._kernels (module.c checks every argument, then calls them).
+ *
+ * Their translation units are compiled for AVX-512 with bf16 instructions through target
+ * pragmas below, not through global compiler flags, so that the module's own code (its init,
+ * the argument checks) runs on any x86-64 CPU: a CPU without the instructions imports the
+ * module, is told so by cpu_supported(), and keeps the torch path.
+ */
+#ifndef SARATHI_KERNELS_H
+#define SARATHI_KERNELS_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SARATHI_HAVE_X86_KERNELS 1
+#else
+#define SARATHI_HAVE_X86_KERNELS 0
+#endif
+
+/* See paged_attention.c. scratch: num_threads blocks of scratch_floats each. */
+void paged_attention(const void *q, const void *k_cache, const void *v_cache,
+                     const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
+                     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                     int64_t block_size, int64_t max_blocks, float scale, float *scratch,
+                     int64_t scratch_floats, void *out, int is_bf16, int num_threads);
+
+/* See gemv_bf16.c. */
+void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int64_t n, int64_t k,
+               uint16_t *y, int64_t ldy);
+
+#endif

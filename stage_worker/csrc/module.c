@@ -1,0 +1,249 @@
+/* stage_worker._kernels: the worker's C kernels as a Python extension module, built with the
+ * package (setup.py), never on a serving node.
+ *
+ * Every argument crosses as a DLPack capsule (torch.utils.dlpack.to_dlpack: a few hundred
+ * nanoseconds, no copy), so this file sees each tensor's dtype, shape, strides and device and
+ * refuses, with a ValueError naming the argument, anything the kernels would read out of
+ * bounds: a wrong dtype or shape, a strided tensor, a block-table entry past the cache, a
+ * context longer than its table, too little scratch. Only then does it release the GIL and
+ * call the kernel. This file is compiled for plain x86-64 (the kernels alone are compiled for
+ * AVX-512, kernels.h), so it imports on any CPU and says through cpu_supported() whether the
+ * kernels can run.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* The DLPack ABI (dmlc/dlpack, v0.x "dltensor" capsules), as far as this module reads it. */
+typedef struct {
+    int32_t device_type; /* 1: CPU */
+    int32_t device_id;
+} dl_device;
+typedef struct {
+    uint8_t code; /* 0 int, 1 uint, 2 float, 4 bfloat */
+    uint8_t bits;
+    uint16_t lanes;
+} dl_dtype;
+typedef struct {
+    void *data;
+    dl_device device;
+    int32_t ndim;
+    dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL: compact row-major */
+    uint64_t byte_offset;
+} dl_tensor;
+typedef struct dl_managed {
+    dl_tensor tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed *);
+} dl_managed;
+
+enum { DL_INT = 0, DL_FLOAT = 2, DL_BFLOAT = 4, DL_CPU = 1 };
+
+/* A checked view of one argument: its data and shape (at most 4 dimensions). */
+typedef struct {
+    char *data;
+    int ndim;
+    int64_t shape[4];
+    int is_bf16; /* for the float arguments: bf16 (1) or float32 (0) */
+} view_t;
+
+static int fail(const char *name, const char *what) {
+    PyErr_Format(PyExc_ValueError, "%s: %s", name, what);
+    return -1;
+}
+
+/* Reads capsule `obj` into `v`: a CPU tensor of `ndim` dimensions, compact row-major, of
+ * dtype int64 (want_float = 0) or bf16/float32 (want_float = 1). 0 on success; -1 with a
+ * ValueError naming `name`. */
+static int view(PyObject *obj, const char *name, int ndim, int want_float, view_t *v) {
+    dl_managed *managed = PyCapsule_GetPointer(obj, "dltensor");
+    if (managed == NULL) {
+        PyErr_Clear();
+        return fail(name, "expected an unused DLPack capsule (torch.utils.dlpack.to_dlpack)");
+    }
+    const dl_tensor *t = &managed->tensor;
+    if (t->device.device_type != DL_CPU) return fail(name, "not a CPU tensor");
+    if (t->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions, expected %d", name, t->ndim, ndim);
+        return -1;
+    }
+    const dl_dtype d = t->dtype;
+    if (d.lanes != 1) return fail(name, "vector dtypes are not taken");
+    if (want_float) {
+        if (d.code == DL_BFLOAT && d.bits == 16)
+            v->is_bf16 = 1;
+        else if (d.code == DL_FLOAT && d.bits == 32)
+            v->is_bf16 = 0;
+        else
+            return fail(name, "dtype must be bfloat16 or float32");
+    } else if (d.code != DL_INT || d.bits != 64) {
+        return fail(name, "dtype must be int64");
+    }
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        if (t->shape[i] < 0) return fail(name, "negative size");
+        if (t->strides != NULL && t->shape[i] > 1 && t->strides[i] != expected)
+            return fail(name, "must be contiguous");
+        expected *= t->shape[i];
+        v->shape[i] = t->shape[i];
+    }
+    v->ndim = ndim;
+    v->data = (char *)t->data + t->byte_offset;
+    return 0;
+}
+
+static int same_dtype(const view_t *a, const view_t *b, const char *name) {
+    return a->is_bf16 == b->is_bf16 ? 0 : fail(name, "dtype differs from q's");
+}
+
+static int kernels_run_here(void) {
+#if SARATHI_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+static int refuse_on_this_cpu(void) {
+    if (kernels_run_here()) return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "this CPU lacks AVX-512 with bf16 (or the module was built for another "
+                    "architecture): the kernels cannot run here");
+    return -1;
+}
+
+/* Every token's table covers its context and names blocks inside the cache. */
+static int check_tables(const view_t *table, const view_t *lens, int64_t num_blocks,
+                        int64_t block_size, int64_t *max_len) {
+    const int64_t tokens = table->shape[0], max_blocks = table->shape[1];
+    const int64_t *entries = (const int64_t *)table->data, *context = (const int64_t *)lens->data;
+    *max_len = 0;
+    for (int64_t b = 0; b < tokens; ++b) {
+        const int64_t len = context[b];
+        if (len < 1 || len > max_blocks * block_size)
+            return fail("context_lens", "each must be >= 1 and covered by its table row");
+        const int64_t used = (len + block_size - 1) / block_size;
+        for (int64_t i = 0; i < used; ++i) {
+            const int64_t block = entries[b * max_blocks + i];
+            if (block < 0 || block >= num_blocks)
+                return fail("block_table", "names a block outside the cache");
+        }
+        if (len > *max_len) *max_len = len;
+    }
+    return 0;
+}
+
+static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *q_obj, *k_obj, *v_obj, *table_obj, *lens_obj, *scratch_obj, *out_obj;
+    float scale;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOOfi:paged_attention", &q_obj, &k_obj, &v_obj, &table_obj,
+                          &lens_obj, &scratch_obj, &out_obj, &scale, &num_threads))
+        return NULL;
+    view_t q, k, v, table, lens, scratch, out;
+    if (view(q_obj, "q", 3, 1, &q) || view(k_obj, "k_cache", 4, 1, &k) ||
+        view(v_obj, "v_cache", 4, 1, &v) || view(table_obj, "block_table", 2, 0, &table) ||
+        view(lens_obj, "context_lens", 1, 0, &lens) ||
+        view(scratch_obj, "scratch", 1, 1, &scratch) || view(out_obj, "out", 3, 1, &out))
+        return NULL;
+    if (same_dtype(&q, &k, "k_cache") || same_dtype(&q, &v, "v_cache") ||
+        same_dtype(&q, &out, "out"))
+        return NULL;
+    const int64_t tokens = q.shape[0], hq = q.shape[1], head_dim = q.shape[2];
+    const int64_t num_blocks = k.shape[0], block_size = k.shape[1], hkv = k.shape[2];
+    for (int i = 0; i < 4; ++i)
+        if (v.shape[i] != k.shape[i]) return fail("v_cache", "shape differs from k_cache's"), NULL;
+    for (int i = 0; i < 3; ++i)
+        if (out.shape[i] != q.shape[i]) return fail("out", "shape differs from q's"), NULL;
+    if (k.shape[3] != head_dim) return fail("k_cache", "head_dim differs from q's"), NULL;
+    if (hkv < 1 || block_size < 1 || hq % hkv != 0 || hq / hkv > 64)
+        return fail("q", "query heads must be 1 to 64 times the KV heads"), NULL;
+    if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
+        return fail("q", "head_dim must be a multiple of 16 from 16 to 256"), NULL;
+    if (scratch.is_bf16) return fail("scratch", "dtype must be float32"), NULL;
+    if (table.shape[0] != tokens || lens.shape[0] != tokens)
+        return fail("block_table", "needs one row (and context length) per query token"), NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
+    int64_t max_len;
+    if (check_tables(&table, &lens, num_blocks, block_size, &max_len)) return NULL;
+    const int64_t per_thread = hq / hkv * ((max_len + 15) / 16 * 16);
+    if (scratch.shape[0] < per_thread * num_threads)
+        return fail("scratch", "too small for the context and thread count"), NULL;
+    if (refuse_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    paged_attention(q.data, k.data, v.data, (const int64_t *)table.data,
+                    (const int64_t *)lens.data, tokens, hq, hkv, head_dim, block_size,
+                    table.shape[1], scale, (float *)scratch.data, per_thread, out.data,
+                    q.is_bf16, num_threads);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gemv_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *w_obj, *y_obj;
+    if (!PyArg_ParseTuple(args, "OOO:gemv_bf16", &x_obj, &w_obj, &y_obj)) return NULL;
+    view_t x, w, y;
+    if (view(x_obj, "x", 2, 1, &x) || view(w_obj, "weight", 2, 1, &w) ||
+        view(y_obj, "out", 2, 1, &y))
+        return NULL;
+    if (!x.is_bf16 || !w.is_bf16 || !y.is_bf16)
+        return fail("x", "x, weight and out must all be bfloat16"), NULL;
+    const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
+    if (w.shape[1] != k) return fail("weight", "its inputs differ from x's features"), NULL;
+    if (y.shape[0] != m || y.shape[1] != n) return fail("out", "must be [x rows, weight rows]"), NULL;
+    if (refuse_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    gemv_bf16((const uint16_t *)x.data, m, k, (const uint16_t *)w.data, n, k,
+              (uint16_t *)y.data, n);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cpu_supported(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(kernels_run_here());
+}
+
+static PyObject *py_openmp(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+#ifdef _OPENMP
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"paged_attention", py_paged_attention, METH_VARARGS,
+     "paged_attention(q, k_cache, v_cache, block_table, context_lens, scratch, out, scale, "
+     "num_threads): DLPack capsules of q [T, Hq, D], caches [blocks, block_size, Hkv, D] "
+     "(bf16 or float32, all alike), block_table [T, max_blocks] int64, context_lens [T] int64, "
+     "scratch float32, out [T, Hq, D]; out is written."},
+    {"gemv_bf16", py_gemv_bf16, METH_VARARGS,
+     "gemv_bf16(x, weight, out): DLPack capsules of x [m, k], weight [n, k] and out [m, n], "
+     "all bf16 and contiguous; out = x @ weight.T."},
+    {"cpu_supported", py_cpu_supported, METH_NOARGS,
+     "Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16 on x86-64)."},
+    {"openmp", py_openmp, METH_NOARGS, "Whether the module was built with OpenMP."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "stage_worker._kernels",
+    "The worker's C kernels (stage_worker/csrc), built with the package.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
