@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.admission import AdmissionConfig, WhileDown
-from controller.app import EngineFailed, read_model_config, serve
+from controller.app import read_model_config, serve
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
 from controller.memory_trace import MemoryTraceConfig, memory_trace
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from controller.slo import choose_for_tbt_slo, parse_step_cost
+from controller.task_watch import TaskFailed
 
 
 @dataclass(frozen=True)
@@ -416,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"controller: invalid configuration: {err}", file=sys.stderr)
         return 2
-    except (TimeoutError, ConnectionError, EngineFailed) as err:
+    except (TimeoutError, ConnectionError, TaskFailed) as err:
         print(f"controller: {err}", file=sys.stderr)
         return 1
     return 0

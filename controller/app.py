@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
 from controller.stage_report import publish_stage_metrics
 from controller.step_log import StepLog
+from controller.task_watch import FailureHandler, TaskFailed, start_watched
 from controller.tokenizer import TextStream, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,10 @@ class Apis:
         await self.grpc_server.stop(grace=1.0)
 
 
-async def start_apis(config: ControllerConfig, model_name: str) -> Apis:
+async def start_apis(
+    config: ControllerConfig, model_name: str, on_task_failed: FailureHandler
+) -> Apis:
+    """on_task_failed: called with the name of an API task that raised (task_watch.py)."""
     server = config.server
     service = GenerationService(model_name)
     tokens = read_tokens(server.auth_token_file)
@@ -126,7 +129,9 @@ async def start_apis(config: ControllerConfig, model_name: str) -> Apis:
     http_state = HttpApiState(model_name, api_keys=tokens, metrics=metrics.exposition)
     apis = Apis(service, grpc_server, port, health, http_state, metrics)
     if server.http_port:
-        apis.http_server = await start_http_server(http_state, server.host, server.http_port)
+        apis.http_server = await start_http_server(
+            http_state, server.host, server.http_port, on_task_failed
+        )
         log.info(
             "OpenAI-compatible HTTP API and /metrics on %s:%d", server.host, apis.http_server.port
         )
@@ -232,11 +237,11 @@ async def begin_serving(
     num_blocks: int,
     model: ServedModel,
     apis: Apis,
-    stop: asyncio.Event,
+    on_task_failed: FailureHandler,
     events: PipelineEvents,
 ) -> Engine:
     """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests;
-    `stop` is set if the engine loop fails."""
+    on_task_failed is called if the engine loop or a watch beside it raises."""
     cache = CacheConfig(
         block_size=config.cache.block_size, num_blocks=num_blocks, watermark=config.cache.watermark
     )
@@ -265,19 +270,16 @@ async def begin_serving(
     apis.service.attach(engine, pipeline, limits, model.tokenizer.encode_prompt)
     apis.http_state.attach(engine, limits, model.tokenizer)
     apis.http_state.queue_full = engine.queue_full
-    engine_task = asyncio.create_task(engine.run(), name="engine")
-    engine_task.add_done_callback(functools.partial(_engine_ended, stop))
+    tracker = OverloadTracker(events.overload_started, events.overload_ended)
     apis.tasks += [
-        engine_task,
-        asyncio.create_task(
+        start_watched(engine.run(), "engine", on_task_failed),
+        start_watched(
             watch_health(engine, pipeline, config.server.stall_timeout_s, apis.publish),
-            name="health",
+            "health",
+            on_task_failed,
         ),
-        asyncio.create_task(publish_stage_metrics(engine, pipeline), name="stage-metrics"),
-        asyncio.create_task(
-            watch_overload(engine, OverloadTracker(events.overload_started, events.overload_ended)),
-            name="overload-watch",
-        ),
+        start_watched(publish_stage_metrics(engine, pipeline), "stage-metrics", on_task_failed),
+        start_watched(watch_overload(engine, tracker), "overload-watch", on_task_failed),
     ]
     log.info(
         "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
@@ -305,22 +307,6 @@ def report_failures(pipeline: PipelineExecutor, engine: Engine, events: Pipeline
     pipeline.on_down, pipeline.on_up = down, up
 
 
-class EngineFailed(RuntimeError):
-    """The engine loop raised: the controller stops, to be restarted."""
-
-
-def _engine_ended(stop: asyncio.Event, task: asyncio.Task[None]) -> None:
-    """The engine loop never returns: an exception in it would otherwise end all serving with
-    nothing logged and every request hanging. Log it and stop, so the controller exits non-zero
-    and is restarted (its workers join the new one; clients resume)."""
-    if task.cancelled():
-        return
-    err = task.exception()
-    if err is not None:
-        log.critical("the engine loop failed; stopping", exc_info=err)
-        stop.set()
-
-
 async def end_streams(apis: Apis, engine: Engine | None) -> None:
     """Open streams end with UNAVAILABLE, not a cut connection."""
     apis.service.shutting_down = True
@@ -337,10 +323,19 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
+    failed_tasks: list[str] = []
+
+    def task_failed(name: str) -> None:
+        # A long-lived task raised (logged by task_watch.py): without it the controller would
+        # stay up with part of its work silently stopped. Stop, exit non-zero, be restarted
+        # (the workers join the new controller; clients resume their streams).
+        failed_tasks.append(name)
+        stop.set()
+
     model = ServedModel.load(config)
     event_sink = start_kube_events(os.environ)
     events = PipelineEvents(event_sink)
-    apis = await start_apis(config, model.name)
+    apis = await start_apis(config, model.name, task_failed)
     ctx = zmq.asyncio.Context()
     curve = None
     if config.server.curve_secret_key_file:
@@ -349,12 +344,14 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         )
     channel = ControlChannel(ctx, config.server.control_addr, curve)
     pipeline = make_pipeline(config, channel, model.name)
+    pipeline.on_task_failed = task_failed
     membership: ControllerMembership | None = None
     engine: Engine | None = None
     lost_leadership = asyncio.Event()
     try:
         membership = await join_cluster(config, channel, apis, model.name, stop)
         if membership is not None:
+            membership.on_task_failed = task_failed
 
             def step_down() -> None:
                 lost_leadership.set()
@@ -366,7 +363,7 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         num_blocks = await wait_for_workers(config, pipeline, apis, stop, events)
         if num_blocks is None:
             return
-        engine = await begin_serving(config, pipeline, num_blocks, model, apis, stop, events)
+        engine = await begin_serving(config, pipeline, num_blocks, model, apis, task_failed, events)
         await stop.wait()
     finally:
         log.info("shutting down")
@@ -378,13 +375,12 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
         channel.close()
         ctx.term()
         await asyncio.to_thread(event_sink.close)  # what is queued is posted, briefly
-    raise_why_stopped(apis, lost_leadership)
+    raise_why_stopped(lost_leadership, failed_tasks)
 
 
-def raise_why_stopped(apis: Apis, lost_leadership: asyncio.Event) -> None:
+def raise_why_stopped(lost_leadership: asyncio.Event, failed_tasks: list[str]) -> None:
     """A stop that was not asked for ends the process non-zero, so it is restarted."""
     if lost_leadership.is_set():
         raise LeadershipLost("the leader lease in etcd ended; stopped so that one active remains")
-    engine = next((t for t in apis.tasks if t.get_name() == "engine"), None)
-    if engine is not None and engine.done() and not engine.cancelled() and engine.exception():
-        raise EngineFailed("the engine loop failed (logged above)")
+    if failed_tasks:
+        raise TaskFailed(f"the {failed_tasks[0]} task failed (logged above)")

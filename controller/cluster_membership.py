@@ -19,6 +19,8 @@ from collections.abc import Callable
 import aetcd
 from sarathi_proto import stage_pb2
 
+from controller.task_watch import start_watched
+
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 3
@@ -54,6 +56,8 @@ class ControllerMembership:
         self.on_worker_lost: Callable[[str], None] | None = None
         self.on_leadership_lost: Callable[[], None] | None = None
         """Called once if the leader lease ends while active (the controller must stop)."""
+        self.on_task_failed: Callable[[str], None] = lambda name: None
+        """Called with the name of the lease or watch task if it raised (task_watch.py)."""
         self.is_leader = False
 
     @property
@@ -102,9 +106,12 @@ class ControllerMembership:
         for kv in await client.get_prefix(self.prefix + b"workers/"):
             self._on_put(kv.value)
         self._tasks = [
-            asyncio.create_task(self._keep_alive(lease), name="etcd-keepalive"),
-            asyncio.create_task(self._watch(), name="etcd-watch"),
+            start_watched(self._keep_alive(lease), "etcd-keepalive", self._task_failed),
+            start_watched(self._watch(), "etcd-watch", self._task_failed),
         ]
+
+    def _task_failed(self, name: str) -> None:
+        self.on_task_failed(name)  # looked up now: set after the tasks started
 
     async def _wait_while_held(
         self,

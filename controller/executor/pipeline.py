@@ -5,10 +5,11 @@ their weights and reported their KV capacity, each gets the cluster minimum and 
 A plan goes to every worker of every stage at once; stages run plans in batch_id order, so the
 controller never has to time anything per stage.
 
-Failures: a worker unheard of for `heartbeat_timeout_s`, or one the socket can no longer reach,
-takes the pipeline down. Every other worker is told to exit (its supervisor restarts it), the
-engine requeues what was in flight, and the same start-up runs again; when all places are
-filled and ready, serving resumes with the same KV-cache size.
+Failures: a worker unheard of for `heartbeat_timeout_s`, one the socket can no longer reach, or
+a result that does not fit its plan (the workers rejected the plan) takes the pipeline down.
+Every other worker is told to exit (its supervisor restarts it), the engine requeues what was
+in flight, and the same start-up runs again; when all places are filled and ready, serving
+resumes with the same KV-cache size.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from controller.logprobs import TokenLogprobs, decode_logprobs, decode_prompt_lo
 from controller.scheduler import MicroBatch
 from controller.step_log import StepLog
 from controller.step_phases import ControllerPhases, clock
+from controller.task_watch import start_watched
 from controller.telemetry import StageTelemetry
 
 log = logging.getLogger(__name__)
 
 # (batch id, seq id -> sampled token, seq id -> its log-probabilities where asked, seq id ->
-# prompt position -> log-probabilities where asked)
+# prompt position -> log-probabilities where asked). Raises ValueError for a result that does
+# not fit its plan; an empty one (the workers' answer to a plan they rejected) applies nothing.
 ResultHandler = Callable[
     [int, dict[int, int], dict[int, TokenLogprobs], dict[int, dict[int, TokenLogprobs]]], None
 ]
@@ -86,6 +89,9 @@ class PipelineExecutor:
         self.on_down: Callable[[str], None] = lambda reason: None
         self.on_up: Callable[[], None] = lambda: None
         self.on_refused: Callable[[str], None] = lambda reason: None
+        self.on_task_failed: Callable[[str], None] = lambda name: None
+        """Called with the name of this executor's task that raised (task_watch.py logs it):
+        without its receive loop or watchdog the pipeline can never be served again."""
         """Called with the reason whenever a worker is refused (wrong model, place taken)."""
         self.last_refusal = ""
         self.last_refused: tuple[str, str] = ("", "")
@@ -98,7 +104,9 @@ class PipelineExecutor:
     async def start(self, timeout_s: float) -> int:
         """Waits for every worker to register and load; returns the KV blocks every worker uses."""
         if not self._tasks:
-            self._tasks.append(asyncio.create_task(self._receive_loop(), name="pipeline-recv"))
+            self._tasks.append(
+                start_watched(self._receive_loop(), "pipeline-recv", self._task_failed)
+            )
         try:
             await asyncio.wait_for(self._all_ready.wait(), timeout_s)
         except TimeoutError:
@@ -181,7 +189,10 @@ class PipelineExecutor:
         await self._send_cache()
         self.started_at = time.monotonic()
         self.up, self.down_reason, self.last_refusal = True, "", ""
-        self._tasks.append(asyncio.create_task(self._watch(), name="pipeline-watchdog"))
+        self._tasks.append(start_watched(self._watch(), "pipeline-watchdog", self._task_failed))
+
+    def _task_failed(self, name: str) -> None:
+        self.on_task_failed(name)  # looked up now: set after the tasks started
 
     async def _send_cache(self) -> None:
         cache = stage_pb2.ControllerMessage(
@@ -301,7 +312,7 @@ class PipelineExecutor:
             if kind == "result":
                 # Results of workers from before a rebuild belong to batches already requeued.
                 if self.up and info is not None and self._on_result is not None:
-                    self._deliver(msg.result, self._on_result)
+                    await self._deliver_or_rebuild(msg.result, self._on_result)
             elif kind == "heartbeat":
                 if info is not None:
                     self._on_heartbeat(msg.heartbeat)
@@ -312,6 +323,26 @@ class PipelineExecutor:
                 await self._on_ready(identity, msg.ready)
             else:
                 log.warning("unexpected %s from %s", kind, info and info.worker_id)
+
+    async def _deliver_or_rebuild(
+        self, result: stage_pb2.StepResult, on_result: ResultHandler
+    ) -> None:
+        """Delivers a result; one that does not fit its plan takes the pipeline down and
+        rebuilds it. The workers answer a plan they reject (PlanError) with an empty result and
+        keep their state as it was, so the plans after it are rejected too: only new workers,
+        and the engine's requests requeued for recompute, serve again."""
+        try:
+            self._deliver(result, on_result)
+        except ValueError as err:  # ResultHandler's contract
+            if result.seq_ids:
+                reason = f"the result of micro-batch {result.batch_id} does not fit its plan"
+            else:
+                reason = (
+                    f"the workers rejected the plan of micro-batch {result.batch_id} (an empty "
+                    "result; the last stage's log says why)"
+                )
+            log.error("%s: %s", reason, err, exc_info=err)
+            await self.fail(f"{reason}: {err}")
 
     def _deliver(self, result: stage_pb2.StepResult, on_result: ResultHandler) -> None:
         """Decodes a result and hands it to the engine (which times its own apply)."""
@@ -372,3 +403,8 @@ class PipelineExecutor:
     @property
     def workers(self) -> list[WorkerInfo]:
         return list(self.slots.workers.values())
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The receive loop and, once serving, the watchdog."""
+        return list(self._tasks)

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
 from controller.openai_api.routes import build_app
 from controller.openai_api.state import HttpApiState
+from controller.task_watch import start_watched
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,9 @@ class HttpApiServer:
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve([self._socket]), name="http-api")
+    async def start(self, on_task_failed: Callable[[str], None] = lambda name: None) -> None:
+        """on_task_failed: called if the server's task raises once serving (task_watch.py)."""
+        self._task = start_watched(self._server.serve([self._socket]), "http-api", on_task_failed)
         while not self._server.started:
             if self._task.done():  # start-up failed: surface its exception
                 await self._task
@@ -64,12 +66,18 @@ class HttpApiServer:
             self._socket.close()
             return
         self._server.should_exit = True
-        await self._task
+        # A task that raised was logged when it did; stopping goes on.
+        await asyncio.gather(self._task, return_exceptions=True)
         self._socket.close()
 
 
-async def start_http_server(state: HttpApiState, host: str, port: int) -> HttpApiServer:
+async def start_http_server(
+    state: HttpApiState,
+    host: str,
+    port: int,
+    on_task_failed: Callable[[str], None] = lambda name: None,
+) -> HttpApiServer:
     """Listening when this returns; requests get 503 until `state.attach`."""
     server = HttpApiServer(state, host, port)
-    await server.start()
+    await server.start(on_task_failed)
     return server

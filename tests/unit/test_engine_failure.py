@@ -1,5 +1,6 @@
-"""An engine loop that raises stops the controller (so it is restarted) instead of leaving it
-up with nothing served and nothing logged."""
+"""A long-lived controller task that raises (the engine loop, the pipeline's receive loop, a
+watch) is logged and stops the controller, so it is restarted, instead of leaving it up with
+part of its work silently stopped."""
 
 from __future__ import annotations
 
@@ -8,46 +9,47 @@ import logging
 
 import pytest
 
-from controller.app import EngineFailed, _engine_ended, raise_why_stopped
+from controller.app import raise_why_stopped
+from controller.task_watch import TaskFailed, start_watched
 
 
-class FakeApis:
-    def __init__(self, tasks: list[asyncio.Task[None]]) -> None:
-        self.tasks = tasks
+def run_watched(work: object, name: str) -> tuple[list[str], bool]:
+    """(the names on_failure was called with, whether stop was set) once the task ended."""
+
+    async def main() -> tuple[list[str], bool]:
+        stop, failed = asyncio.Event(), []
+
+        def on_failure(failed_name: str) -> None:
+            failed.append(failed_name)
+            stop.set()
+
+        task = start_watched(work, name, on_failure)  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        if name == "cancelled":
+            task.cancel()
+        await asyncio.wait({task})
+        await asyncio.sleep(0)  # done callbacks run on the next turn
+        return failed, stop.is_set()
+
+    return asyncio.run(main())
 
 
-def test_a_failed_engine_loop_is_logged_sets_stop_and_ends_the_process_non_zero(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("name", ["engine", "pipeline-recv", "health", "http-api"])
+def test_a_task_that_raises_is_logged_and_stops_the_controller_non_zero(
+    name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def main() -> tuple[bool, asyncio.Task[None]]:
-        stop = asyncio.Event()
-
-        async def engine_loop() -> None:
-            raise ValueError("Value out of range: 4294967296")
-
-        task = asyncio.create_task(engine_loop(), name="engine")
-        task.add_done_callback(lambda t: _engine_ended(stop, t))
-        await asyncio.wait_for(stop.wait(), 5)
-        return stop.is_set(), task
+    async def fails() -> None:
+        raise ValueError("Value out of range: 4294967296")
 
     with caplog.at_level(logging.CRITICAL):
-        stopped, task = asyncio.run(main())
-    assert stopped
-    assert "the engine loop failed" in caplog.text and "4294967296" in caplog.text
-    with pytest.raises(EngineFailed):
-        raise_why_stopped(FakeApis([task]), asyncio.Event())  # type: ignore[arg-type]
+        failed, stopped = run_watched(fails(), name)
+    assert failed == [name] and stopped
+    assert f"the {name} task failed" in caplog.text and "4294967296" in caplog.text
+    with pytest.raises(TaskFailed, match=name):
+        raise_why_stopped(asyncio.Event(), failed)
 
 
-def test_a_cancelled_engine_loop_is_an_ordinary_stop() -> None:
-    async def main() -> tuple[bool, asyncio.Task[None]]:
-        stop = asyncio.Event()
-        task = asyncio.create_task(asyncio.sleep(60), name="engine")
-        task.add_done_callback(lambda t: _engine_ended(stop, t))
-        await asyncio.sleep(0)
-        task.cancel()
-        await asyncio.sleep(0.01)
-        return stop.is_set(), task
-
-    stopped, task = asyncio.run(main())
-    assert not stopped
-    raise_why_stopped(FakeApis([task]), asyncio.Event())  # type: ignore[arg-type]
+def test_a_cancelled_task_is_an_ordinary_stop() -> None:
+    failed, stopped = run_watched(asyncio.sleep(60), "cancelled")
+    assert failed == [] and not stopped
+    raise_why_stopped(asyncio.Event(), failed)
