@@ -2,7 +2,8 @@
 
 Both public APIs (gRPC `Generate` and the OpenAI-compatible HTTP API) end in
 `build_generation_request`, so a request is refused for the same reasons, with the same field
-named, whichever door it came through.
+named, whichever door it came through. The bounds themselves live in
+controller/scheduler/request_bounds.py; SamplingParams checks the sampling ones.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ from sarathi_proto import generate_pb2
 from controller.engine import GenerationRequest
 from controller.grammar import compile_grammar
 from controller.scheduler import InvalidRequestError, RequestParams, SamplingParams
+from controller.scheduler.request_bounds import MAX_LOGIT_BIAS_TOKENS, MAX_N, check_in
 from controller.tool_calls import ToolSpec, parse_tools, tool_grammar
-
-MAX_LOGIT_BIAS = 300
-"""Most tokens one request may bias (OpenAI's limit)."""
-MAX_N = 128
-"""Most choices one request may ask for (OpenAI's limit)."""
 
 
 @dataclass(frozen=True)
@@ -78,16 +75,19 @@ def build_generation_request(
     grammar: str | None = None,
     prompt_logprobs: int | None = None,
     n: int = 1,
+    best_of: int | None = None,
 ) -> GenerationRequest:
     """The checks every API shares; raises InvalidRequestError naming the field. max_tokens None
     means the server's default; seed None draws a fresh one. resume_token_ids: the output a
     client already received, to go on from (the engine and scheduler check that it had not
     ended). logprobs: None, or how many alternatives each token's log-probability comes with.
-    grammar: structured output, compiled by controller/grammar.py."""
+    grammar: structured output, compiled by controller/grammar.py. n: choices answered;
+    best_of: sequences run to pick them from (None: n), OpenAI's."""
     penalties = penalties or Penalties()
     _check_fields(
-        prompt_ids, limits, penalties, stop, resume_token_ids=resume_token_ids, n=n, top_k=top_k
-    )
+        prompt_ids, limits, penalties, stop, resume_token_ids=resume_token_ids, n=n,
+        best_of=best_of, max_tokens=max_tokens,
+    )  # fmt: skip
     sampling = _sampling_params(
         temperature=temperature,
         top_p=top_p,
@@ -106,7 +106,12 @@ def build_generation_request(
         ignore_eos=ignore_eos,
     )
     return GenerationRequest(
-        request_id or uuid.uuid4().hex, prompt_ids, params, tuple(stop), tuple(resume_token_ids), n
+        request_id or uuid.uuid4().hex,
+        prompt_ids,
+        params,
+        tuple(stop),
+        tuple(resume_token_ids),
+        n if best_of is None else best_of,
     )
 
 
@@ -118,26 +123,29 @@ def _check_fields(
     *,
     resume_token_ids: Sequence[int],
     n: int,
-    top_k: int,
+    best_of: int | None,
+    max_tokens: int | None,
 ) -> None:
     """The field checks made before SamplingParams makes its own. Their order decides which
     field a request with several bad ones is refused for (the same through either API): keep
     it."""
-    if not 1 <= n <= MAX_N:
-        raise InvalidRequestError("n", f"must be in [1, {MAX_N}], got {n}")
-    if n > 1 and resume_token_ids:
+    check_in("n", n, 1, MAX_N)
+    if best_of is not None:
+        check_in("best_of", best_of, n, MAX_N)
+    if (best_of or n) > 1 and resume_token_ids:
         raise InvalidRequestError("resume_token_ids", "resumes one choice: needs n = 1")
-    if len(penalties.logit_bias) > MAX_LOGIT_BIAS:
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequestError("max_tokens", f"must be >= 1, got {max_tokens}")
+    if len(penalties.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
         raise InvalidRequestError(
-            "logit_bias", f"{len(penalties.logit_bias)} tokens; at most {MAX_LOGIT_BIAS} allowed"
+            "logit_bias",
+            f"{len(penalties.logit_bias)} tokens; at most {MAX_LOGIT_BIAS_TOKENS} allowed",
         )
     check_prompt_token_ids(list(penalties.logit_bias), limits, field="logit_bias")
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
     check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
     _check_stop_strings(stop, limits)
-    if top_k < 0:
-        raise InvalidRequestError("top_k", f"must be >= 0, got {top_k}")
 
 
 def _sampling_params(

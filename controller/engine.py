@@ -184,9 +184,7 @@ class Engine:
         be served, ValueError for a request id already running."""
         if request.request_id in self._by_request_id:
             raise ValueError(f"request_id {request.request_id!r} is already running")
-        resumed = request.resume_token_ids
-        if request.n > 1 and resumed:
-            raise InvalidRequestError("resume_token_ids", "resumes one choice: needs n = 1")
+        resumed = request.resume_token_ids  # one choice's (build_generation_request checks)
         try:
             check_admission(
                 self.admission,

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import enum
-import math
 from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller.scheduler.errors import InvalidRequestError
-
-MAX_TOP_LOGPROBS = 20
-"""Most alternatives a request may ask for (OpenAI's and vLLM's limit)."""
+from controller.scheduler.request_bounds import (
+    MAX_ABS_LOGIT_BIAS,
+    MAX_ABS_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MAX_TOP_LOGPROBS,
+    SEED_END,
+    check_in,
+)
 
 
 class RosterColumns(Protocol):
@@ -43,7 +49,7 @@ class SamplingParams:
     """How the last stage picks the next token; validated here so nothing bad gets queued."""
 
     temperature: float = 0.0
-    """0 means greedy."""
+    """In [0, 2]; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus mass in (0, 1]; 1 disables it."""
     top_k: int = 0
@@ -57,8 +63,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     """OpenAI's, in [-2, 2]: subtracted once per time a token is already in the output."""
     repetition_penalty: float = 1.0
-    """vLLM's (CTRL's), > 0: the logits of tokens in the prompt or output are divided by it
-    (multiplied where negative); 1 is off."""
+    """vLLM's (CTRL's), in (0, 2]: the logits of tokens in the prompt or output are divided by
+    it (multiplied where negative); 1 is off."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias in [-100, 100]) added to that token's logit."""
     min_tokens: int = 0
@@ -83,38 +89,31 @@ class SamplingParams:
         )
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:  # also refuses NaN
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.top_k < 2**31:  # the workers' plans carry it as an int32
-            raise InvalidRequestError("top_k", f"must be in [0, 2**31), got {self.top_k}")
-        if not 0 <= self.seed < 2**64:
+        """The bounds of request_bounds.py; each float's also refuses NaN and infinity."""
+        check_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        check_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_in("top_k", self.top_k, 0, MAX_TOP_K)
+        if not 0 <= self.seed < SEED_END:
             raise InvalidRequestError("seed", f"must be in [0, 2**64), got {self.seed}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -2.0 <= value <= 2.0:  # also refuses NaN
-                raise InvalidRequestError(name, f"must be in [-2, 2], got {value}")
-        if not 0.0 < self.repetition_penalty < math.inf:
-            raise InvalidRequestError(
-                "repetition_penalty", f"must be above 0, got {self.repetition_penalty}"
-            )
+        check_in("presence_penalty", self.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+        check_in("frequency_penalty", self.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+        check_in(
+            "repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY,
+            low_open=True,
+        )  # fmt: skip
         for token_id, bias in self.logit_bias:
-            if not -100.0 <= bias <= 100.0:
+            if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:
                 raise InvalidRequestError(
-                    "logit_bias", f"bias {bias} for token {token_id} is outside [-100, 100]"
+                    "logit_bias",
+                    f"bias {bias} for token {token_id} is outside "
+                    f"[-{MAX_ABS_LOGIT_BIAS:g}, {MAX_ABS_LOGIT_BIAS:g}]",
                 )
         if self.min_tokens < 0:
             raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                "prompt_logprobs",
-                f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
-            )
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                "logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
-            )
+        if self.prompt_logprobs is not None:
+            check_in("prompt_logprobs", self.prompt_logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.top_logprobs is not None:
+            check_in("logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
 
 
 @dataclass(frozen=True)

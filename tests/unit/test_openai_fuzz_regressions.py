@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from controller.openai_api import validation
+from controller.openai_api import bodies
 from controller.openai_api.errors import ApiError
 from controller.openai_api.routes import build_app
 from tests.unit.test_openai_app import ScriptedEngine, make_state
@@ -76,12 +76,12 @@ def test_json_the_parser_cannot_hold_is_400_in_openai_shape(body: bytes) -> None
 def test_invented_field_names_are_logged_and_kept_only_up_to_a_bound(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(validation, "_logged_unknown", set())
-    with caplog.at_level(logging.WARNING, logger="controller.openai_api.validation"):
+    monkeypatch.setattr(bodies, "_logged_unknown", set())
+    with caplog.at_level(logging.WARNING, logger="controller.openai_api.bodies"):
         for i in range(500):
             completion(max_tokens=2, **{f"invented_{i}": 1, "x" * 10_000: 2})
-    assert len(caplog.records) == validation.MAX_LOGGED_UNKNOWN_FIELDS
-    assert len(validation._logged_unknown) == validation.MAX_LOGGED_UNKNOWN_FIELDS
+    assert len(caplog.records) == bodies.MAX_LOGGED_UNKNOWN_FIELDS
+    assert len(bodies._logged_unknown) == bodies.MAX_LOGGED_UNKNOWN_FIELDS
     assert max(len(r.getMessage()) for r in caplog.records) < 200  # long names cut short
 
 

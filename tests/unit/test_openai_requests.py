@@ -77,7 +77,7 @@ def test_completions_default_to_16_tokens_and_chat_to_the_servers_default() -> N
 
 
 def test_unknown_fields_are_logged_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="controller.openai_api.validation"):
+    with caplog.at_level(logging.WARNING, logger="controller.openai_api.bodies"):
         for _ in range(3):
             completion(max_tokens=2, frobnicate=1, user="someone")
     warnings = [r.getMessage() for r in caplog.records]
@@ -295,7 +295,7 @@ def test_structured_output_fields_compile_to_a_grammar_or_a_400_naming_them() ->
     ):
         assert completion(**fields).generation.params.sampling.grammar, fields
     for fields, name in (
-        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
          "response_format"),
