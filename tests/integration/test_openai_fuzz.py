@@ -2,7 +2,10 @@
 hypothesis sends valid-ish and garbage JSON bodies (wrong types, huge and non-finite numbers,
 lone surrogates, nested junk, missing and unknown fields) with odd headers to /v1/completions,
 /v1/chat/completions and /v1/models, and raw sockets send broken HTTP framing. Every answer is a
-2xx or an OpenAI-shaped 4xx, never a 5xx nor a hang, and the server serves afterwards.
+2xx or an OpenAI-shaped 4xx, never a 5xx nor a hang, and the server serves afterwards. Beyond
+statuses: what is accepted generates (every choice asked for, each ended by length or stop),
+no accepted request takes a stage down (a NaN in the sampler would), and a json_object answer at
+the highest temperature is still JSON (at an infinite one it was garbage with a 200).
 
 Uses test_openai_api.py's cluster fixture (a cluster of its own for this module).
 `SARATHI_FUZZ_CASES` sets the case count (default 150).
@@ -208,6 +211,7 @@ headers = st.fixed_dictionaries(
     },
 )
 GENERATE = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions")]
+GENERATE_PATHS = {path for _, path in GENERATE}
 # Mostly the generation endpoints; now and then the models list or a wrong method (405).
 endpoints = st.one_of(
     st.sampled_from(GENERATE),
@@ -224,21 +228,50 @@ endpoints = st.one_of(
 )
 
 
-def assert_openai_answer(response: httpx.Response) -> None:
-    """A 2xx with its body, or a 4xx in OpenAI's error shape."""
+def assert_openai_answer(response: httpx.Response, sent: bytes = b"") -> None:
+    """A 2xx with its body, or a 4xx in OpenAI's error shape. sent: the request's body, to
+    check that an accepted generation generated what it asked for."""
     status = response.status_code
     assert status < 500, (status, response.text[:500])
     if status < 300:
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             assert response.text.endswith("data: [DONE]\n\n"), response.text[-200:]
+            finished = [
+                choice["finish_reason"]
+                for line in response.text.splitlines()
+                if line.startswith("data: {")
+                for choice in json.loads(line.removeprefix("data: "))["choices"]
+                if choice.get("finish_reason") is not None
+            ]
         else:
-            assert "choices" in response.json() or response.json()["object"] == "list"
+            body = response.json()
+            if body.get("object") == "list":
+                return
+            finished = [choice["finish_reason"] for choice in body["choices"]]
+            if not _sent(sent).get("echo"):  # echo with max_tokens 0 shows the prompt alone
+                assert body["usage"]["completion_tokens"] >= len(finished), body
+        assert set(finished) <= {"length", "stop", "tool_calls"}, finished
+        n = _sent(sent).get("n")
+        assert len(finished) == (1 if n is None else n), (sent[:300], finished)
         return
     assert 400 <= status < 500, (status, response.text[:500])
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str) and error["type"]
+
+
+def _sent(sent: bytes) -> dict[str, Any]:
+    """The fields of a body the server accepted."""
+    fields: dict[str, Any] = json.loads(sent) if sent else {}
+    return fields
+
+
+def assert_no_stage_went_down(served: Served) -> None:
+    """No accepted request broke a worker: a NaN reaching the sampler, a plan the workers
+    refuse, would take the pipeline down and show here."""
+    log = (served.cluster.log_dir / "controller.log").read_text(errors="replace")
+    assert "pipeline down" not in log, log[-3000:]
 
 
 def assert_serving(served: Served) -> None:
@@ -278,7 +311,7 @@ def test_fuzzed_bodies_and_headers_get_2xx_or_openai_4xx(served: Served) -> None
             raw_headers = {name.encode(): value for name, value in headers.items()}
             response = client.request(method, path, content=content, headers=raw_headers)
             statuses[response.status_code] += 1
-            assert_openai_answer(response)
+            assert_openai_answer(response, body if path in GENERATE_PATHS else b"")
             if response.status_code == 400:
                 refused_fields[str(response.json()["error"]["param"])] += 1
 
@@ -289,6 +322,7 @@ def test_fuzzed_bodies_and_headers_get_2xx_or_openai_4xx(served: Served) -> None
     )
     if FUZZ_CASES >= 100:  # enough cases to reach both answers
         assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0
+    assert_no_stage_went_down(served)
     assert_serving(served)
 
 
@@ -299,8 +333,34 @@ def test_bodies_no_encoder_writes_get_2xx_or_openai_4xx(served: Served) -> None:
     with httpx.Client(base_url=base, timeout=TIMEOUT_S) as client:
         for method, path in GENERATE:
             for body in RAW_BODIES:
-                assert_openai_answer(client.request(method, path, content=body))
+                assert_openai_answer(client.request(method, path, content=body), body)
+    assert_no_stage_went_down(served)
     assert_serving(served)
+
+
+@pytest.mark.parametrize("temperature", [b"1e400", b"Infinity", b"2"])
+def test_a_json_object_answer_at_any_accepted_temperature_is_json(
+    served: Served, temperature: bytes
+) -> None:
+    """The issue's request: an infinite temperature divided the grammar mask's -inf logits into
+    NaN, and the answer was text that is no JSON, with a 200. Now it is refused; at the
+    highest temperature accepted the mask still holds."""
+    body = (
+        b'{"messages": [{"role": "user", "content": "Name a city"}], "max_tokens": 12, '
+        b'"response_format": {"type": "json_object"}, "seed": 3, "temperature": '
+        + temperature
+        + b"}"
+    )
+    base = f"http://127.0.0.1:{served.cluster.http_port}"
+    response = httpx.post(f"{base}/v1/chat/completions", content=body, timeout=TIMEOUT_S)
+    if temperature != b"2":
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "temperature"
+        return
+    assert response.status_code == 200, response.text
+    text = response.json()["choices"][0]["message"]["content"]
+    assert text.startswith("{"), text  # JSON's grammar allows nothing else first
+    assert_no_stage_went_down(served)
 
 
 def raw_request(port: int, head: bytes, body: bytes, wait_s: float = 5.0) -> bytes:

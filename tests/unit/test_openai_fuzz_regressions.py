@@ -1,19 +1,28 @@
 """What tests/integration/test_openai_fuzz.py found, pinned without processes: bodies that got a
 500 (or, for top_k, stopped the engine for every later request) now get a 400 naming the field,
-and invented field names cannot grow the server's memory or log without end."""
+and invented field names cannot grow the server's memory or log without end. Then semantics, not
+only statuses: whatever sampling numbers a body carries, an accepted request reaches the
+workers' plan with every float finite and in its bounds (NaN or infinity never reaches the
+sampler), and a refused one names a field it sent."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from controller.executor.plan_codec import encode_sampling
 from controller.openai_api import bodies
 from controller.openai_api.errors import ApiError
 from controller.openai_api.routes import build_app
+from controller.scheduler.batch import TokenHistory
+from controller.scheduler.request_bounds import MAX_TEMPERATURE
 from tests.unit.test_openai_app import ScriptedEngine, make_state
 from tests.unit.test_openai_requests import chat, completion
 
@@ -113,3 +122,52 @@ def test_a_client_gone_before_its_body_is_whole_is_no_server_error(
         asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
+
+
+# ---- semantics: what is accepted reaches the workers finite and bounded --------------------
+wide_number = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([0, 1, 2, 2.0000001, -2, 100, 1e400, -0.0])
+)
+FLOAT_FIELDS = ["temperature", "top_p", "presence_penalty", "frequency_penalty"]
+sampling_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        **{name: wide_number for name in FLOAT_FIELDS},
+        "repetition_penalty": wide_number,
+        "logit_bias": st.dictionaries(st.sampled_from(["1", "7", "42"]), wide_number, max_size=3),
+        "top_k": st.integers(-5, 2**40),
+        "response_format": st.just({"type": "json_object"}),
+    },
+)
+
+
+def planned_floats(parsed: Any) -> list[float]:
+    """Every float of the sampling parameters as the workers' plan carries them (float32)."""
+    sampling = parsed.generation.params.sampling
+    history = TokenHistory([1, 2], [], frozenset()) if sampling.needs_history else None
+    wire = encode_sampling(sampling, history)
+    return [
+        wire.temperature, wire.top_p, wire.presence_penalty, wire.frequency_penalty,
+        wire.repetition_penalty, *wire.logit_bias_values,
+    ]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(fields=sampling_fields, endpoint=st.sampled_from([completion, chat]))
+def test_every_accepted_float_reaches_the_plan_finite_and_in_bounds(
+    fields: dict[str, Any], endpoint: Any
+) -> None:
+    try:
+        parsed = endpoint(max_tokens=2, **fields)
+    except ApiError as err:
+        assert err.status_code == 400 and err.param in {*fields, "logit_bias"}, err.message
+        return
+    sampling = parsed.generation.params.sampling
+    assert 0 <= sampling.temperature <= MAX_TEMPERATURE
+    assert 0 < sampling.top_p <= 1
+    assert all(math.isfinite(value) for value in planned_floats(parsed))
+    for name in FLOAT_FIELDS:  # accepted as sent, not clamped
+        if name in fields and fields[name] is not None:
+            assert getattr(sampling, name) == fields[name]
