@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 import pytest
 
 from controller.app import raise_why_stopped
+from controller.config import ParallelConfig
+from controller.executor.control_channel import ControlChannel
+from controller.executor.pipeline import PipelineExecutor
 from controller.task_watch import TaskFailed, start_watched
 
 
@@ -53,3 +57,31 @@ def test_a_cancelled_task_is_an_ordinary_stop() -> None:
     failed, stopped = run_watched(asyncio.sleep(60), "cancelled")
     assert failed == [] and not stopped
     raise_why_stopped(asyncio.Event(), failed)
+
+
+class BrokenChannel:
+    """A control channel whose socket fails under the receive loop."""
+
+    received_at = 0.0
+
+    async def recv(self) -> object:
+        raise RuntimeError("Socket operation on non-socket")
+
+
+def test_the_pipeline_receive_loop_failing_is_logged_and_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> list[str]:
+        pipeline = PipelineExecutor(
+            cast(ControlChannel, BrokenChannel()), ParallelConfig(pp=1, tp=1), "m", "", 1
+        )
+        failed: list[str] = []
+        pipeline.on_task_failed = failed.append
+        with pytest.raises(TimeoutError):
+            await pipeline.start(timeout_s=0.2)
+        return failed
+
+    with caplog.at_level(logging.CRITICAL):
+        failed = asyncio.run(main())
+    assert failed == ["pipeline-recv"]
+    assert "the pipeline-recv task failed" in caplog.text and "non-socket" in caplog.text

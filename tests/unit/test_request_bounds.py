@@ -128,3 +128,24 @@ def test_http_and_grpc_refuse_a_float_past_its_bound_with_the_same_message(
     with pytest.raises(ApiError) as http_err:
         completion(prompt="the", **http_fields)
     assert http_err.value.message == str(grpc_err.value)
+
+
+NUMBER_FIELDS = [
+    *FLOATS, "max_tokens", "top_k", "seed", "n", "best_of", "min_tokens", "logprobs",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NUMBER_FIELDS)
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_no_number(name: str, value: bool) -> None:
+    # Python's bool is an int: `true` used to pass some hand-written int checks as 1.
+    assert refused_field(completion, **{name: value}) == name
+
+
+def test_an_integer_field_refuses_a_float_even_a_whole_one() -> None:
+    assert refused_field(completion, max_tokens=2.0) == "max_tokens"
+    assert refused_field(chat, n=1.0) == "n"
+
+
+def test_logit_bias_refuses_a_boolean_bias() -> None:
+    assert refused_field(completion, logit_bias={"5": True}) == "logit_bias"
