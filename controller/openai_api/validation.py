@@ -176,11 +176,12 @@ def _finish(
     stream = fields.stream or False
     if fields.stream_options is not None and not stream:
         raise bad_field("stream_options", "only allowed when stream is true")
-    best_of = fields.best_of
-    if best_of is not None and best_of > (fields.n or 1) and stream:
+    n, best_of = 1 if fields.n is None else fields.n, fields.best_of
+    ranked = best_of is not None and best_of > n  # more run than answered: the best are kept
+    if ranked and stream:
         raise bad_field("best_of", "cannot be streamed: the best are known only at the end")
     show_logprobs = logprobs is not None
-    if best_of is not None and best_of > (fields.n or 1) and logprobs is None:
+    if ranked and logprobs is None:
         logprobs = 0  # best_of ranks the choices by their sampled tokens' log-probabilities
     generation = build_generation_request(
         prompt_ids,
@@ -199,7 +200,7 @@ def _finish(
         penalties=_penalties(fields),
         grammar=grammar or _grammar(fields),
         prompt_logprobs=prompt_logprobs,
-        n=1 if fields.n is None else fields.n,
+        n=n,
         best_of=best_of,
     )
     options = fields.stream_options
@@ -208,7 +209,7 @@ def _finish(
         stream,
         options is not None and options.include_usage,
         fields.return_token_ids or False,
-        n=1 if fields.n is None else fields.n,
+        n=n,
         show_logprobs=show_logprobs,
     )
 
