@@ -334,15 +334,16 @@ class PipelineExecutor:
         try:
             self._deliver(result, on_result)
         except ValueError as err:  # ResultHandler's contract
-            if result.seq_ids:
-                reason = f"the result of micro-batch {result.batch_id} does not fit its plan"
-            else:
-                reason = (
+            if not result.seq_ids:
+                await self.fail(
                     f"the workers rejected the plan of micro-batch {result.batch_id} (an empty "
                     "result; the last stage's log says why)"
                 )
-            log.error("%s: %s", reason, err, exc_info=err)
-            await self.fail(f"{reason}: {err}")
+                return
+            # Not something a worker sends: a bug on one side or the other, so the traceback.
+            reason = f"the result of micro-batch {result.batch_id} does not fit its plan: {err}"
+            log.error("%s", reason, exc_info=err)
+            await self.fail(reason)
 
     def _deliver(self, result: stage_pb2.StepResult, on_result: ResultHandler) -> None:
         """Decodes a result and hands it to the engine (which times its own apply)."""
