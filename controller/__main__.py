@@ -133,6 +133,12 @@ def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
         help="tokens per KV-cache block (a power of two)",
     )
     p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt from its first token (default: a prompt starts past its "
+        "longest prefix still cached from earlier requests, in full KV blocks)",
+    )
+    p.add_argument(
         "--no-chunk-pipelining",
         action="store_true",
         help="wait for a prompt's chunk to leave the pipeline before sending its next one",
@@ -370,7 +376,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
     return ControllerConfig(
         model_dir=args.model,
         scheduler=scheduler_config(args, max_model_len),
-        cache=CacheConfig(block_size=args.block_size),
+        cache=CacheConfig(block_size=args.block_size, prefix_caching=not args.no_prefix_caching),
         parallel=ParallelConfig(pp=args.pp, tp=args.tp),
         server=ServerConfig(
             host=args.host,

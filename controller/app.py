@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from controller.metrics import ControllerMetrics
 from controller.openai_api import HttpApiServer, HttpApiState, start_http_server
 from controller.overload_watch import OverloadTracker, watch_overload
 from controller.pipeline_events import PipelineEvents
-from controller.scheduler import CacheConfig, ConfigError, Scheduler
+from controller.scheduler import ConfigError, Scheduler
 from controller.security import read_tokens, server_credentials
 from controller.server import GenerationService, mark_serving, start_grpc_server
 from controller.stage_report import publish_stage_metrics
@@ -242,9 +243,7 @@ async def begin_serving(
 ) -> Engine:
     """Builds the scheduler and engine over the ready pipeline and opens both APIs to requests;
     on_task_failed is called if the engine loop or a watch beside it raises."""
-    cache = CacheConfig(
-        block_size=config.cache.block_size, num_blocks=num_blocks, watermark=config.cache.watermark
-    )
+    cache = dataclasses.replace(config.cache, num_blocks=num_blocks, prefix_salt=model.name)
     scheduler = Scheduler(config.scheduler, cache)
 
     def make_text_stream(request: GenerationRequest) -> TextStream:

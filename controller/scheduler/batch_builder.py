@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from controller.scheduler.batch import DecodeBlock, ScheduledChunk, TokenHistory
 from controller.scheduler.scheduler_state import SchedulerState
-from controller.scheduler.sequence import Sequence, SequenceStatus
+from controller.scheduler.sequence import Sequence
 
 # ScheduledChunk's generated __new__ is a Python function; tuple.__new__ builds the same record
 # in C, for the per-decode records.
@@ -44,6 +44,10 @@ class BatchBuilder:
         """Tokens of prompt chunks (not decodes) in the micro-batch."""
         self._prompt_cap: int | None = None
         """Prompt tokens this micro-batch may take in all (_share_of_prompts), once asked."""
+        self.prefilled: list[Sequence] = []
+        """Sequences given a prompt (or recompute) chunk: their new full blocks get named once
+        the micro-batch is built (prefix caching), not before, so none is read in the very
+        micro-batch that writes it."""
 
     @property
     def budget_left(self) -> int:
@@ -403,23 +407,26 @@ class BatchBuilder:
         prefill_tokens = 0
         while sched.waiting and len(sched.running) < sched.config.max_num_seqs:
             seq = sched.waiting[0]
-            remaining = seq.num_tokens  # nothing is computed for a waiting sequence
+            # It starts past its longest cached prefix; the budget counts what it computes.
+            cached_blocks, num_cached = sched.prefix_cache.lookup(seq)
+            remaining = seq.num_tokens - num_cached
             if chunked:
-                chunk = min(remaining, sched.config.max_chunk_tokens(0), self.prompt_left)
-                chunk = self._time_limited(0, chunk)
+                chunk = min(remaining, sched.config.max_chunk_tokens(num_cached), self.prompt_left)
+                chunk = self._time_limited(num_cached, chunk)
                 if chunk <= 0:
                     break
             else:
                 chunk = remaining
                 if prefill_tokens and prefill_tokens + chunk > self.budget_tokens:
                     break
-            num_blocks = bm.blocks_for(remaining)
-            if not bm.can_admit(num_blocks):
+            num_blocks = bm.blocks_for(seq.num_tokens)
+            num_shared = num_cached // bm.block_size
+            # Cached blocks nobody holds leave the free pool too once held (a copied one too).
+            taken = cached_blocks[: -(-num_cached // bm.block_size)]
+            if not bm.can_admit(num_blocks - num_shared + bm.num_unheld(taken)):
                 break
             sched.waiting.popleft()
-            seq.block_ids = bm.allocate(num_blocks)
-            seq.status = SequenceStatus.RUNNING
-            sched.admit(seq)
+            sched.start_from(seq, cached_blocks, num_cached, num_blocks)
             self._add(seq, chunk, tuple(seq.block_ids))
             prefill_tokens += chunk
             admitted += 1
@@ -456,6 +463,7 @@ class BatchBuilder:
             self.predicted_s += self.step_cost.chunk_s(start, num_tokens)
         self.num_prompt_tokens += num_tokens
         seq.num_computed_tokens = end
+        self.prefilled.append(seq)
         seq.num_inflight_batches += 1
         forks = self._sched.forks
         if forks and end >= len(seq.prompt_token_ids) and seq.seq_id in forks:

@@ -26,6 +26,12 @@ class CacheConfig:
     """KV-cache blocks per worker (the minimum over all workers of the pipeline)."""
     watermark: float = 0.01
     """Share of blocks kept free when admitting new requests, so running decodes can grow."""
+    prefix_caching: bool = True
+    """Keep full KV blocks named by a hash of their prefix, so a new request computes only what
+    follows its longest cached prefix (a shared system prompt, earlier turns)."""
+    prefix_salt: str = ""
+    """What besides the tokens makes the KV (the model): cached prefixes under another salt
+    never match."""
 
     def __post_init__(self) -> None:
         if not _is_power_of_two(self.block_size):
@@ -34,6 +40,8 @@ class CacheConfig:
             raise ConfigError("num_blocks", self.num_blocks, "at least 1")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError("watermark", self.watermark, "in [0, 1)")
+        if not isinstance(self.prefix_caching, bool):
+            raise ConfigError("prefix_caching", self.prefix_caching, "true or false")
 
     @property
     def watermark_blocks(self) -> int:

@@ -20,6 +20,7 @@ from controller.scheduler.config import CacheConfig, SchedulerConfig
 from controller.scheduler.decode_roster import DecodeRoster
 from controller.scheduler.errors import InvalidRequestError
 from controller.scheduler.policies import make_policy
+from controller.scheduler.prefix_cache import PrefixCache
 from controller.scheduler.sequence import FinishReason, RequestParams, Sequence, SequenceStatus
 
 # Decodes from this many decoding sequences up go to a micro-batch as one vector block (see
@@ -56,6 +57,7 @@ class Scheduler:
         self.block_manager = BlockManager(
             cache.num_blocks, cache.block_size, cache.watermark_blocks
         )
+        self.prefix_cache = PrefixCache(self.block_manager, cache.prefix_salt, cache.prefix_caching)
         self.waiting: deque[Sequence] = deque()
         # Admitted sequences (holding KV blocks), in admission order: those decoding are on the
         # roster, the others (prefilling, or waiting for the token of their last chunk) in
@@ -82,7 +84,8 @@ class Scheduler:
         """Leaders whose prompt the micro-batch being built schedules whole (BatchBuilder)."""
         self._pending_copies: dict[int, tuple[int, int]] = {}
         """KV block copies (from, to) the next micro-batch makes before its forward pass, by
-        the forked sequence they are for."""
+        the sequence they are for (see start_from); each source block has one more holder
+        until that micro-batch is built, so nothing else takes it before it is copied."""
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -206,7 +209,12 @@ class Scheduler:
             list(self._pending_copies.values()),
         )
         self._finished_since_last_batch = []
-        self._pending_copies = {}
+        if self._pending_copies:
+            self._pending_copies = {}
+            self.block_manager.free([src for src, _ in batch.block_copies])  # copied by then
+        for seq in builder.prefilled:
+            if seq.status is SequenceStatus.RUNNING:
+                self.prefix_cache.register(seq)
         if self.forking:
             # After the batch: a forked sequence's first step must come after (on every stage)
             # the step that writes the KV it shares and copies.
@@ -383,7 +391,13 @@ class Scheduler:
             seq.needs_worker_state = True
         # Preempted ids were queued for the old workers; the new ones never saw them.
         self._finished_since_last_batch = []
+        self.block_manager.drop_cache()  # the new workers' KV caches hold nothing
         return requeued
+
+    def drop_prefix_cache(self) -> int:
+        """Forgets every cached prefix (for an engine whose workers lost or did not write KV the
+        cache names). Returns the number of blocks that were named."""
+        return self.block_manager.drop_cache()
 
     @property
     def num_waiting_prompt_tokens(self) -> int:
@@ -429,24 +443,41 @@ class Scheduler:
         followers = self.forks.pop(leader.seq_id, [])
         bm = self.block_manager
         last = len(leader.prompt_token_ids) - 1
-        num_shared = last // bm.block_size
-        shared = leader.block_ids[:num_shared]
-        copy_from = leader.block_ids[num_shared] if last % bm.block_size else None
         alone: list[Sequence] = []
         for seq in followers:
             del self._held[seq.seq_id]
+            # One new block: the one holding the last prompt position (the rest are shared).
             if len(self.running) >= self.config.max_num_seqs or not bm.can_admit(1):
                 alone.append(seq)
                 continue
-            bm.share(shared)
-            own = bm.allocate_one()
-            seq.block_ids = [*shared, own]
-            if copy_from is not None:
-                self._pending_copies[seq.seq_id] = (copy_from, own)
-            seq.num_computed_tokens = last
-            seq.status = SequenceStatus.RUNNING
-            self.admit(seq)
+            self.start_from(seq, leader.block_ids, last, bm.blocks_for(seq.num_tokens))
         self.waiting.extendleft(reversed(alone))
+
+    def start_from(
+        self, seq: Sequence, source: list[int], num_cached: int, num_blocks: int
+    ) -> None:
+        """Admits seq with num_blocks KV blocks, its first num_cached tokens already computed in
+        source's blocks (a cached prefix, or a forking leader's prompt): it holds those wholly
+        before that point; where the point falls inside a block, it gets a new block that the
+        next micro-batch copies from source's before its forward pass (copy-on-write: seq
+        writes there from that point on). The rest are new."""
+        bm = self.block_manager
+        num_shared = num_cached // bm.block_size
+        shared = source[:num_shared]
+        bm.hold(shared)
+        if num_cached % bm.block_size:
+            copy_from = source[num_shared]
+            bm.hold([copy_from])  # until the copy's micro-batch is built (schedule)
+            own = bm.allocate(num_blocks - num_shared)
+            self._pending_copies[seq.seq_id] = (copy_from, own[0])
+        else:
+            own = bm.allocate(num_blocks - num_shared)
+        seq.block_ids = shared + own
+        seq.num_named_blocks = num_shared
+        self.prefix_cache.count_admission(seq, num_cached)
+        seq.num_computed_tokens = num_cached
+        seq.status = SequenceStatus.RUNNING
+        self.admit(seq)
 
     def _release_held(self, leader: Sequence) -> None:
         """The leader ended before its prompt was scheduled whole: the sequences waiting for it
@@ -476,11 +507,11 @@ class Scheduler:
             self.not_decoding.pop(seq.seq_id, None)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute later: free its blocks, forget its progress, put it first in the queue."""
+        """Recompute later: free its blocks (its computed full ones stay cached, for the
+        recompute to start from while they last), forget its progress, put it first in the
+        queue."""
         self._stop_running(seq)
-        self._pending_copies.pop(seq.seq_id, None)
-        self.block_manager.free(seq.block_ids)
-        seq.block_ids = []
+        self._let_go_of_blocks(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.needs_worker_state = True
@@ -490,15 +521,25 @@ class Scheduler:
         self._finished_since_last_batch.append(seq.seq_id)
         self.num_preemptions += 1
 
+    def _let_go_of_blocks(self, seq: Sequence) -> None:
+        """seq's blocks go back, its computed full ones named first (decodes fill blocks
+        without naming them: naming waits for this, off the per-step path)."""
+        copy = self._pending_copies.pop(seq.seq_id, None)
+        if copy is not None:
+            self.block_manager.free([copy[0]])
+        if seq.block_ids:
+            self.prefix_cache.register(seq)
+            self.block_manager.free(seq.block_ids)
+            seq.block_ids = []
+        seq.num_named_blocks = 0
+
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self._stop_running(seq)
-        self._pending_copies.pop(seq.seq_id, None)
         if seq.seq_id in self.forks:
             self._release_held(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self.block_manager.free(seq.block_ids)
-        seq.block_ids = []
+        self._let_go_of_blocks(seq)
         self.running.pop(seq.seq_id, None)
         del self._live[seq.seq_id]
         self._finished_since_last_batch.append(seq.seq_id)
@@ -536,7 +577,9 @@ class Scheduler:
             assert seq.num_computed_tokens <= seq.num_tokens, seq
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq
-            assert seq.num_computed_tokens == 0, seq
+            assert seq.num_computed_tokens == 0 and seq.num_named_blocks == 0, seq
+        for seq in self.running.values():
+            self.prefix_cache.check_names(seq)
         held = [seq for followers in self.forks.values() for seq in followers]
         assert sorted(s.seq_id for s in held) == sorted(self._held), "held sequences differ"
         for seq in held:
@@ -562,4 +605,7 @@ class Scheduler:
             assert not self.inflight_decodes and not self.roster.num_passed
         if self.spread_prompts:
             assert self.inflight_prompt_tokens.keys() == self._inflight.keys()
-        self.block_manager.check_invariants(s.block_ids for s in self.running.values())
+        pinned = [[src] for src, _ in self._pending_copies.values()]  # copy sources
+        self.block_manager.check_invariants(
+            [*(s.block_ids for s in self.running.values()), *pinned]
+        )

@@ -13,12 +13,14 @@ from typing import Protocol
 from controller.scheduler.block_manager import BlockManager
 from controller.scheduler.config import SchedulerConfig
 from controller.scheduler.decode_roster import DecodeRoster
+from controller.scheduler.prefix_cache import PrefixCache
 from controller.scheduler.sequence import Sequence
 
 
 class SchedulerState(Protocol):
     config: SchedulerConfig
     block_manager: BlockManager
+    prefix_cache: PrefixCache
     roster: DecodeRoster
     """Decoding sequences, as arrays for the vector path."""
     waiting: deque[Sequence]
@@ -38,3 +40,7 @@ class SchedulerState(Protocol):
     def join_roster(self, seq: Sequence) -> None: ...
 
     def grow_by_one_block(self, seq: Sequence) -> int | None: ...
+
+    def start_from(
+        self, seq: Sequence, source: list[int], num_cached: int, num_blocks: int
+    ) -> None: ...

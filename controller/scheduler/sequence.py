@@ -147,12 +147,14 @@ class Sequence:
         "_roster",
         "_slot",
         "arrival_time",
+        "block_hashes",
         "block_ids",
         "finish_reason",
         "first_scheduled_time",
         "first_token_time",
         "max_tokens",
         "needs_worker_state",
+        "num_named_blocks",
         "num_preemptions",
         "output_token_ids",
         "params",
@@ -181,6 +183,10 @@ class Sequence:
         self._slot = -1
         self._admit_no = -1  # the scheduler's admission counter, set when admitted
         self.block_ids: list[int] = []
+        # Prefix caching (prefix_cache.py): the names of its leading full blocks of tokens so far
+        # (they stay right across preemption), and how many of block_ids are named or offered.
+        self.block_hashes: list[bytes] = []
+        self.num_named_blocks = 0
         # True until the workers have seen this sequence's first chunk (again after a preemption).
         self.needs_worker_state = True
         self.num_preemptions = 0

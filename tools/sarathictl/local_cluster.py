@@ -85,6 +85,8 @@ class LocalClusterConfig:
     """Most running sequences; 0: the controller's default."""
     log_dir: str = ""
     """Where the children's logs go; empty: a folder under the system temp dir."""
+    prefix_caching: bool = True
+    """Automatic prefix caching on the controller (False: --no-prefix-caching)."""
     extra_controller_args: tuple[str, ...] = ()
     """More flags for `python -m controller`."""
     extra_worker_args: tuple[str, ...] = ()
@@ -140,6 +142,7 @@ class LocalCluster:
                 *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []),
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
                 *(["--max-num-seqs", str(cfg.max_num_seqs)] if cfg.max_num_seqs else []),
+                *([] if cfg.prefix_caching else ["--no-prefix-caching"]),
                 *cfg.extra_controller_args,
             ],
             env,

@@ -2,7 +2,10 @@
 
 Where a policy adds "the running decodes", with PP > 1 that is the micro-batch's share of them:
 BatchBuilder.add_decodes spreads decodes over the micro-batches in flight for every policy alike
-(a pipeline matter, so the comparisons stay fair)."""
+(a pipeline matter, so the comparisons stay fair).
+
+Whole-prompt policies compute every admitted prompt in one chunk; the one prompt token a forked
+sequence of an n > 1 request computes itself (its last) goes through add_partial_prefills."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ class VllmPolicy(Policy):
     chunks_prompts = False
 
     def build(self, batch: BatchBuilder) -> None:
-        if batch.admit_new(chunked=False) == 0:
+        if batch.add_partial_prefills() + batch.admit_new(chunked=False) == 0:
             batch.add_decodes(capped=False)
 
 
@@ -34,6 +37,7 @@ class OrcaPolicy(Policy):
 
     def build(self, batch: BatchBuilder) -> None:
         batch.add_decodes(capped=False)
+        batch.add_partial_prefills()
         batch.admit_new(chunked=False)
 
 
@@ -49,6 +53,7 @@ class RequestLevelPolicy(Policy):
         if batch.num_running == 0:
             batch.admit_new(chunked=False)
         else:
+            batch.add_partial_prefills()
             batch.add_decodes(capped=False)
 
 

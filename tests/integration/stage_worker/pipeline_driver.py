@@ -166,20 +166,17 @@ class LocalPipeline:
         budget_tokens: int = 32,
         tile_tokens: int = 8,
         params: list[RequestParams] | None = None,
+        scheduler: Scheduler | None = None,
+        first_seq_id: int = 0,
     ) -> RunResult:
-        scheduler = Scheduler(
-            SchedulerConfig(
-                budget_tokens=budget_tokens,
-                tile_tokens=tile_tokens,
-                max_num_seqs=min(16, budget_tokens),
-                pipeline_depth=self.pp,
-            ),
-            CacheConfig(block_size=self.block_size, num_blocks=self.num_kv_blocks, watermark=0.0),
-        )
-        for seq_id, prompt in enumerate(prompts):
-            p = params[seq_id] if params else RequestParams(max_tokens=max_tokens)
-            scheduler.add_request(seq_id, prompt, p, now=time.monotonic())
-        tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        """scheduler: one kept from an earlier call (its prefix cache names KV the workers still
+        hold); then first_seq_id must pass the ids used before. Tokens by seq id."""
+        if scheduler is None:
+            scheduler = self.make_scheduler(budget_tokens, tile_tokens)
+        for i, prompt in enumerate(prompts):
+            p = params[i] if params else RequestParams(max_tokens=max_tokens)
+            scheduler.add_request(first_seq_id + i, prompt, p, now=time.monotonic())
+        tokens: dict[int, list[int]] = {first_seq_id + i: [] for i in range(len(prompts))}
         num_batches = 0
         while scheduler.has_unfinished:
             while (batch := scheduler.schedule(time.monotonic())) is not None:
@@ -193,6 +190,24 @@ class LocalPipeline:
             ):
                 tokens[seq.seq_id] = list(seq.output_token_ids)
         return RunResult(tokens, scheduler.num_preemptions, num_batches, list(self.heartbeats))
+
+    def make_scheduler(
+        self, budget_tokens: int = 32, tile_tokens: int = 8, prefix_caching: bool = True
+    ) -> Scheduler:
+        return Scheduler(
+            SchedulerConfig(
+                budget_tokens=budget_tokens,
+                tile_tokens=tile_tokens,
+                max_num_seqs=min(16, budget_tokens),
+                pipeline_depth=self.pp,
+            ),
+            CacheConfig(
+                block_size=self.block_size,
+                num_blocks=self.num_kv_blocks,
+                watermark=0.0,
+                prefix_caching=prefix_caching,
+            ),
+        )
 
     def close(self) -> list[int]:
         """Sends shutdown and returns the workers' exit codes."""

@@ -29,6 +29,7 @@ def create_scheduler(
     vector_decodes_from: int = VECTOR_DECODES_FROM,
     spread_decodes: bool = True,
     spread_prompts: bool = False,
+    prefix_caching: bool = True,
     **overrides: object,
 ) -> Scheduler:
     """vector_decodes_from=1: every decode goes in the micro-batch's vector block; a huge value:
@@ -45,7 +46,12 @@ def create_scheduler(
     )
     return Scheduler(
         config,
-        CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
+        CacheConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            watermark=watermark,
+            prefix_caching=prefix_caching,
+        ),
         vector_decodes_from,
         spread_decodes,
         spread_prompts,

@@ -154,13 +154,17 @@ def test_aborting_a_waiting_follower_leaves_the_others() -> None:
     assert len(f2.output_token_ids) == 4 and f1.output_token_ids == []
 
 
-def test_followers_without_room_compute_their_prompt_alone() -> None:
-    sched = create_scheduler(budget_tokens=64, max_num_seqs=2)
+@pytest.mark.parametrize(("prefix_caching", "recomputed"), [(False, 20), (True, 4)])
+def test_followers_without_room_compute_their_prompt_alone(
+    prefix_caching: bool, recomputed: int
+) -> None:
+    sched = create_scheduler(budget_tokens=64, max_num_seqs=2, prefix_caching=prefix_caching)
     pipe = KVPipeline(sched)
     seqs = add_group(sched, 1, 20, n=3, max_tokens=4)
     pipe.run_to_completion()
     assert all(len(s.output_token_ids) == 4 for s in seqs)
-    assert pipe.kv.tokens_computed == 20 + 1 + 20 + 3 * 3  # the third recomputes the prompt
+    # The third computes the prompt alone: all of it, or what follows its cached full block.
+    assert pipe.kv.tokens_computed == 20 + 1 + recomputed + 3 * 3
 
 
 def test_a_pipeline_reset_after_the_fork_recomputes_each_alone() -> None:

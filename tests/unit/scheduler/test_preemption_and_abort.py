@@ -36,7 +36,8 @@ def test_latest_arrival_is_preempted_and_recomputed_with_its_outputs() -> None:
 
 
 def test_recompute_covers_prompt_and_known_outputs_in_one_go() -> None:
-    sched = create_scheduler(budget_tokens=32, num_blocks=4, block_size=4)
+    # Without the prefix cache (with it, the recompute starts past the blocks still cached).
+    sched = create_scheduler(budget_tokens=32, num_blocks=4, block_size=4, prefix_caching=False)
     add_request(sched, 1, prompt_len=6, max_tokens=6, now=0.0)
     late = add_request(sched, 2, prompt_len=6, max_tokens=6, now=1.0)
     pipe = FakePipeline(sched)

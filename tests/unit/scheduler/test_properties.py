@@ -37,6 +37,9 @@ class Checker:
     next_position: dict[int, int] = field(default_factory=dict)
     computed_tokens: dict[int, int] = field(default_factory=dict)
     discarded_tokens: dict[int, int] = field(default_factory=dict)
+    # Tokens a sequence started past, taken from the prefix cache (a recompute after preemption
+    # finds its own blocks while they last).
+    cached_tokens: dict[int, int] = field(default_factory=dict)
     yielding_inflight: set[int] = field(default_factory=set)
     inflight_chunks: dict[int, int] = field(default_factory=dict)
     num_batches: int = 0
@@ -164,9 +167,16 @@ class Checker:
             assert chunk.seq_id not in self.yielding_inflight, (
                 "decoding sequence scheduled again before its token returned"
             )
-            assert chunk.first_position == self.next_position.get(chunk.seq_id, 0), (
-                "chunk out of order"
-            )
+            start = self.next_position.get(chunk.seq_id, 0)
+            if chunk.sampling is not None and chunk.first_position > start:
+                # The workers meet it past its start: that much came from the prefix cache.
+                assert start == 0 and chunk.first_position < self.sched.get(chunk.seq_id).num_tokens
+                self.cached_tokens[chunk.seq_id] = (
+                    self.cached_tokens.get(chunk.seq_id, 0) + chunk.first_position
+                )
+                self.count("cache hit")
+                start = chunk.first_position
+            assert chunk.first_position == start, "chunk out of order"
             assert len(chunk.token_ids) == chunk.num_tokens
             self.next_position[chunk.seq_id] = chunk.first_position + chunk.num_tokens
             self.computed_tokens[chunk.seq_id] = (
@@ -302,8 +312,14 @@ def check_outputs(sched: Scheduler, checker: Checker, seqs: list[Sequence]) -> N
         # ignore_eos: exactly max_tokens outputs
         assert seq.finish_reason is FinishReason.LENGTH
         assert len(seq.output_token_ids) == seq.params.max_tokens
-        # every token computed once (the last output is never fed back), plus recomputation
-        expected = seq.num_tokens - 1 + checker.discarded_tokens.get(seq.seq_id, 0)
+        # every token computed once (the last output is never fed back), plus recomputation,
+        # less what came from the prefix cache
+        expected = (
+            seq.num_tokens
+            - 1
+            + checker.discarded_tokens.get(seq.seq_id, 0)
+            - checker.cached_tokens.get(seq.seq_id, 0)
+        )
         assert checker.computed_tokens[seq.seq_id] == expected
 
 

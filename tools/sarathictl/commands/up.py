@@ -77,6 +77,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         "workers, at least 1)",
     )
     p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt from its first token (default: reuse cached prefixes)",
+    )
     p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
 
 
@@ -97,6 +102,7 @@ def cluster_config(
         threads_per_worker=args.threads or threads_per_worker(args.pp * args.tp),
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,
+        prefix_caching=not args.no_prefix_caching,
     )
 
 
