@@ -22,8 +22,8 @@ MAX_LOGIT_BIAS_TOKENS = 300
 MAX_ABS_LOGIT_BIAS = 100.0
 """A bias is in [-100, 100] (OpenAI's): -100 bans a token, 100 all but forces it."""
 MAX_TEMPERATURE = 2.0
-"""Temperature is in [0, 2] (OpenAI's and vLLM's bound); 0 is greedy. At 2 the distribution is
-already flat enough for any use; past it only the grammar mask's arithmetic breaks."""
+"""Temperature is in [0, 2] (OpenAI's and vLLM's bound); 0 is greedy. Past 2 a small model's
+distribution is as good as uniform: a client asking for more has made a mistake."""
 MAX_ABS_PENALTY = 2.0
 """presence_penalty and frequency_penalty are in [-2, 2] (OpenAI's)."""
 MAX_REPETITION_PENALTY = 2.0
