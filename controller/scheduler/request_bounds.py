@@ -22,8 +22,8 @@ MAX_LOGIT_BIAS_TOKENS = 300
 MAX_ABS_LOGIT_BIAS = 100.0
 """A bias is in [-100, 100] (OpenAI's): -100 bans a token, 100 all but forces it."""
 MAX_TEMPERATURE = 2.0
-"""Temperature is in [0, 2] (OpenAI's and vLLM's bound); 0 is greedy. Past 2 a small model's
-distribution is as good as uniform: a client asking for more has made a mistake."""
+"""Temperature is in [0, 2]; 0 is greedy. OpenAI's and vLLM's bound, so a request one of them
+accepts is accepted here, and one they refuse is refused for the same reason."""
 MAX_ABS_PENALTY = 2.0
 """presence_penalty and frequency_penalty are in [-2, 2] (OpenAI's)."""
 MAX_REPETITION_PENALTY = 2.0
