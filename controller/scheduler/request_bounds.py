@@ -27,8 +27,8 @@ accepts is accepted here, and one they refuse is refused for the same reason."""
 MAX_ABS_PENALTY = 2.0
 """presence_penalty and frequency_penalty are in [-2, 2] (OpenAI's)."""
 MAX_REPETITION_PENALTY = 2.0
-"""repetition_penalty is in (0, 2]; 1 is off. vLLM asks only that it be above 0 and finite;
-past 2 a token once seen is as good as banned, which logit_bias says more plainly."""
+"""repetition_penalty is in (0, 2]; 1 is off. Our bound, the same as the other penalties' (vLLM
+asks only that it be above 0 and finite); the values used in practice are 1 to 1.5."""
 MAX_TOP_K = 2**31 - 1
 """The workers' plans carry top_k as an int32 (0 disables it)."""
 SEED_END = 2**64
