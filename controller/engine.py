@@ -460,11 +460,12 @@ class Engine:
         gc.collect()
         gc.freeze()
         log.info(
-            "engine running: policy=%s budget=%d pp=%d KV blocks=%d",
+            "engine running: policy=%s budget=%d pp=%d KV blocks=%d prefix caching=%s",
             self.scheduler.config.policy,
             self.scheduler.config.budget_tokens,
             self.scheduler.config.pipeline_depth,
             self.scheduler.block_manager.num_blocks,
+            "on" if self.scheduler.prefix_cache.enabled else "off",
         )
         while True:
             self._wake.clear()

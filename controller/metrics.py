@@ -44,10 +44,12 @@ class ControllerMetrics:
         # /metrics lists the families in the order they are registered here.
         self._add_latency_metrics()
         self._add_scheduler_metrics()
+        self._add_prefix_cache_metrics()
         self._add_token_and_request_metrics()
         self._add_stage_metrics()
         # The scheduler and the workers report running totals; the counters take the increase.
         self._preemptions_seen = 0
+        self._prefix_seen = [0] * 5  # the prefix cache's totals already counted (_on_prefix_cache)
         self._busy_s_seen: dict[int, float] = {}
 
     def _add_latency_metrics(self) -> None:
@@ -84,6 +86,39 @@ class ControllerMetrics:
         )
         self.preemptions = Counter(
             "sarathi:num_preemptions", "Sequences preempted for recompute.", registry=r
+        )
+
+    def _add_prefix_cache_metrics(self) -> None:
+        """Automatic prefix caching: its hit rate in tokens (hits over queries, vLLM's names)
+        and in requests, the blocks it holds and its evictions."""
+        r = self.registry
+        self.prefix_queries = Counter(
+            "sarathi:prefix_cache_queries",
+            "Tokens of sequences admitted with the prefix cache on.",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "sarathi:prefix_cache_hits",
+            "Of those tokens, the ones taken from the prefix cache instead of computed.",
+            registry=r,
+        )
+        self.prefix_query_requests = Counter(
+            "sarathi:prefix_cache_query_requests",
+            "Sequences admitted with the prefix cache on.",
+            registry=r,
+        )
+        self.prefix_hit_requests = Counter(
+            "sarathi:prefix_cache_hit_requests",
+            "Of those sequences, the ones that started past a cached prefix.",
+            registry=r,
+        )
+        self.prefix_blocks = Gauge(
+            "sarathi:prefix_cache_blocks", "KV blocks holding a cached prefix.", registry=r
+        )
+        self.prefix_evictions = Counter(
+            "sarathi:prefix_cache_evictions",
+            "Cached KV blocks that lost their prefix to make room.",
+            registry=r,
         )
 
     def _add_token_and_request_metrics(self) -> None:
@@ -164,6 +199,24 @@ class ControllerMetrics:
         if sched.num_preemptions > self._preemptions_seen:
             self.preemptions.inc(sched.num_preemptions - self._preemptions_seen)
             self._preemptions_seen = sched.num_preemptions
+        self._on_prefix_cache(sched)
+
+    def _on_prefix_cache(self, sched: Scheduler) -> None:
+        stats = sched.prefix_cache.stats
+        bm = sched.block_manager
+        totals = (
+            (self.prefix_queries, stats.num_prompt_tokens),
+            (self.prefix_hits, stats.num_cached_tokens),
+            (self.prefix_query_requests, stats.num_requests),
+            (self.prefix_hit_requests, stats.num_hit_requests),
+            (self.prefix_evictions, bm.num_evictions),
+        )
+        seen = self._prefix_seen
+        for i, (counter, total) in enumerate(totals):
+            if total > seen[i]:
+                counter.inc(total - seen[i])
+                seen[i] = total
+        self.prefix_blocks.set(bm.num_cached_blocks)
 
     def on_stages(self, shares: Sequence[StageShares], busy_s_totals: Sequence[float]) -> None:
         for stage, (share, busy_s_total) in enumerate(zip(shares, busy_s_totals, strict=True)):

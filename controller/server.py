@@ -16,7 +16,7 @@ from controller.admission import AdmissionError, QueueFullError
 from controller.api_request import PromptEncoder, RequestLimits, grpc_tools, to_generation_request
 from controller.engine import Engine
 from controller.grpc_stream import ShuttingDown, responses
-from controller.scheduler import InvalidRequestError
+from controller.scheduler import InvalidRequestError, Scheduler
 from controller.security import BearerTokenInterceptor
 from controller.stage_report import public_phases, stage_shares
 from controller.telemetry import percentile
@@ -109,6 +109,19 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
         return build_status(self)
 
 
+def prefix_cache_status(sched: Scheduler) -> generate_pb2.PrefixCacheStatus:
+    stats = sched.prefix_cache.stats
+    return generate_pb2.PrefixCacheStatus(
+        enabled=sched.prefix_cache.enabled,
+        num_requests=stats.num_requests,
+        num_hit_requests=stats.num_hit_requests,
+        num_prompt_tokens=stats.num_prompt_tokens,
+        num_cached_tokens=stats.num_cached_tokens,
+        num_cached_blocks=sched.block_manager.num_cached_blocks,
+        num_evictions=sched.block_manager.num_evictions,
+    )
+
+
 def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
     now = time.monotonic()
     status = generate_pb2.StatusResponse(
@@ -136,6 +149,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             max_num_seqs=sched.config.max_num_seqs,
             time_budget_s=sched.config.time_budget_s,
             tbt_slo_s=sched.config.tbt_slo_s,
+            prefix_cache=prefix_cache_status(sched),
         )
     )
     stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None

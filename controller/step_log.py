@@ -8,6 +8,8 @@ cumulative phases (generate.proto StepPhases, differenced between two steps):
 - `work_s`: plan off the socket to output sent, less the wait for the previous stage;
 - `prepare_s`, `recv_wait_s`: parsing the plan, and waiting for the activations;
 - `reported_s`: when the controller read the heartbeat.
+`cached_tokens` counts the tokens that sequences started in the micro-batch took from the prefix
+cache instead of computing them (the prompt tokens above are the computed ones).
 `sent_s` and `returned_s` are the controller's: plans out, result in. Every time is seconds on
 the controller's clock (step_phases.clock) since the log was opened.
 
@@ -61,7 +63,8 @@ class StepLog:
         prompt_tokens, decodes, prefill_pairs, decode_keys = micro_batch_features(batch)
         line = {"batch_id": batch.batch_id, "sent_s": self._now(at),
                 "prompt_tokens": prompt_tokens, "decodes": decodes,
-                "prefill_pairs": prefill_pairs, "decode_keys": decode_keys}  # fmt: skip
+                "prefill_pairs": prefill_pairs, "decode_keys": decode_keys,
+                "cached_tokens": batch.num_cached_tokens}  # fmt: skip
         if len(self._pending) >= _MAX_PENDING:
             self._pending.pop(next(iter(self._pending)))
         self._pending[batch.batch_id] = _Pending(line, [None] * self.num_stages)

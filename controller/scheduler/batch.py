@@ -81,6 +81,7 @@ class MicroBatch:
         "decodes",
         "decodes_at",
         "finished_seq_ids",
+        "num_cached_tokens",
         "num_tokens",
     )
     __match_args__ = ("batch_id", "chunks", "finished_seq_ids", "num_tokens")
@@ -107,6 +108,9 @@ class MicroBatch:
         partial prompt block of each sequence forked since the previous one (n > 1)."""
         self._chunks = chunks
         self._all: list[ScheduledChunk] | None = None
+        self.num_cached_tokens = 0
+        """Tokens the sequences the workers meet in this micro-batch took from the prefix cache
+        (or a forking leader) instead of computing them."""
 
     @property
     def other_chunks(self) -> list[ScheduledChunk]:

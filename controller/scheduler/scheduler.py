@@ -82,6 +82,8 @@ class Scheduler:
         """Each held sequence's leader."""
         self.forking: list[Sequence] = []
         """Leaders whose prompt the micro-batch being built schedules whole (BatchBuilder)."""
+        self._cached_since_last_batch = 0
+        """Tokens the sequences started since the last micro-batch took from a cached prefix."""
         self._pending_copies: dict[int, tuple[int, int]] = {}
         """KV block copies (from, to) the next micro-batch makes before its forward pass, by
         the sequence they are for (see start_from); each source block has one more holder
@@ -209,6 +211,7 @@ class Scheduler:
             list(self._pending_copies.values()),
         )
         self._finished_since_last_batch = []
+        batch.num_cached_tokens, self._cached_since_last_batch = self._cached_since_last_batch, 0
         if self._pending_copies:
             self._pending_copies = {}
             self.block_manager.free([src for src, _ in batch.block_copies])  # copied by then
@@ -475,6 +478,7 @@ class Scheduler:
         seq.block_ids = shared + own
         seq.num_named_blocks = num_shared
         self.prefix_cache.count_admission(seq, num_cached)
+        self._cached_since_last_batch += num_cached
         seq.num_computed_tokens = num_cached
         seq.status = SequenceStatus.RUNNING
         self.admit(seq)

@@ -254,7 +254,7 @@ class ControllerPhases(_message.Message):
     def __init__(self, num_results: _Optional[int] = ..., num_tokens: _Optional[int] = ..., schedule_s: _Optional[float] = ..., encode_s: _Optional[float] = ..., send_s: _Optional[float] = ..., receive_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., stream_s: _Optional[float] = ..., round_trip_s: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
-    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s")
+    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s", "prefix_cache")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class SchedulerStatus(_message.Message):
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     TBT_SLO_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     policy: str
     budget_tokens: int
     num_waiting: int
@@ -281,7 +282,26 @@ class SchedulerStatus(_message.Message):
     max_num_seqs: int
     time_budget_s: float
     tbt_slo_s: float
-    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ...) -> None: ...
+    prefix_cache: PrefixCacheStatus
+    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheStatus(_message.Message):
+    __slots__ = ("enabled", "num_requests", "num_hit_requests", "num_prompt_tokens", "num_cached_tokens", "num_cached_blocks", "num_evictions")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HIT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    num_requests: int
+    num_hit_requests: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_cached_blocks: int
+    num_evictions: int
+    def __init__(self, enabled: _Optional[bool] = ..., num_requests: _Optional[int] = ..., num_hit_requests: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_evictions: _Optional[int] = ...) -> None: ...
 
 class LatencyStatus(_message.Message):
     __slots__ = ("ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s")

@@ -80,6 +80,12 @@ EXPOSED_METRICS = {
     "sarathi:stage_idle_ratio",
     "sarathi:pipeline_bubble_fraction",
     "sarathi:stage_busy_seconds_total",
+    "sarathi:prefix_cache_queries_total",
+    "sarathi:prefix_cache_hits_total",
+    "sarathi:prefix_cache_query_requests_total",
+    "sarathi:prefix_cache_hit_requests_total",
+    "sarathi:prefix_cache_blocks",
+    "sarathi:prefix_cache_evictions_total",
 }
 
 Obj = dict[str, Any]

@@ -43,3 +43,27 @@ def test_each_stage_shows_the_device_its_workers_run_on() -> None:
     text = rendered(status)  # 80 columns: the device may go under its host, in the same cell
     assert "(cuda:1)" in text
     assert "10.0.0.2 " in text and "10.0.0.2 (" not in text and "()" not in text
+
+
+def test_the_prefix_cache_shows_its_hit_rates_blocks_and_evictions() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.scheduler.prefix_cache.CopyFrom(
+        generate_pb2.PrefixCacheStatus(
+            enabled=True,
+            num_requests=8,
+            num_hit_requests=6,
+            num_prompt_tokens=4000,
+            num_cached_tokens=3000,
+            num_cached_blocks=190,
+            num_evictions=12,
+        )
+    )
+    text = rendered(status)
+    assert "prefix cache" in text
+    assert "75.0" in text and "75.0 of 8" in text  # tokens, requests
+    assert "3000/4000" in text and "190" in text and "12" in text
+
+
+def test_a_prefix_cache_turned_off_says_so() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    assert "prefix cache: off" in rendered(status)

@@ -96,3 +96,23 @@ def test_rows_are_the_stages_mean_and_the_turnaround_is_result_to_next_start() -
     assert profile_rows([two]) == [(0, 4, 0, 400, pytest.approx(0.020))]
     lone = [step_line(i, i * 1.0, [0.01], i * 1.0) for i in range(3)]  # nothing waited
     assert turnaround_s(lone) == 0.0
+
+
+def test_a_line_counts_the_tokens_its_new_sequences_took_from_the_prefix_cache() -> None:
+    from controller.scheduler import RequestParams
+    from tests.unit.scheduler.factories import FakePipeline, create_scheduler
+
+    sched = create_scheduler(budget_tokens=64)
+    system = list(range(500, 540))  # 2 full blocks of 16
+    sched.add_request(1, [*system, 1], RequestParams(max_tokens=1), 0.0)
+    FakePipeline(sched).run_to_completion()
+    sched.add_request(2, [*system, 2, 3], RequestParams(max_tokens=1), 0.0)
+    hit = sched.schedule(0.0)
+    assert hit is not None
+    out = io.StringIO()
+    log = StepLog(out, num_stages=1)
+    log.sent(hit, at=0.0)
+    log.stage_reported(0, hit.batch_id, step_s=0.01, prepare_s=0.0, recv_wait_s=0.0)
+    log.returned(hit.batch_id, at=0.02)
+    (line,) = lines(out)
+    assert (line["cached_tokens"], line["prompt_tokens"]) == (32, 10)  # 42 tokens, 32 cached

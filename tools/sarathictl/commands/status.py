@@ -119,9 +119,32 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         f"{lat.tbt_p99_s * 1e3:.1f}",
         f"{status.throughput_tokens_per_s:.1f}",
     )
+    cache = prefix_cache_table(sc.prefix_cache)
     if status.problem:
-        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, latency)
-    return Group(stages, sched, latency)
+        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, cache, latency)
+    return Group(stages, sched, cache, latency)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}" if whole else "-"
+
+
+def prefix_cache_table(pc: generate_pb2.PrefixCacheStatus) -> Table | str:
+    """Hit rates since start: of the tokens admitted, those taken from the cache; of the
+    sequences, those that started past a cached prefix."""
+    if not pc.enabled:
+        return "prefix cache: off (--no-prefix-caching)"
+    table = Table(title="prefix cache (since start)", title_justify="left")
+    for column in ("token hit %", "request hit %", "cached tokens", "cached blocks", "evictions"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        _pct(pc.num_cached_tokens, pc.num_prompt_tokens),
+        f"{_pct(pc.num_hit_requests, pc.num_requests)} of {pc.num_requests}",
+        f"{pc.num_cached_tokens}/{pc.num_prompt_tokens}",
+        str(pc.num_cached_blocks),
+        str(pc.num_evictions),
+    )
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
