@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-lm-eval demo clean
+.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-lm-eval demo clean check-torch-range
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ test: install sys-deps
 
 unit: install
 	$(PY) -m pytest -q tests/unit
+
+# The oldest torch pyproject.toml allows, through the worker's tests, in a venv of its own (CI
+# runs the newest allowed: TORCH_CPU). Downloads PyPI's CUDA build of torch (about 3 GB).
+check-torch-range:
+	tools/check_torch_range.sh
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from stage_worker.comm import TPGroup
-from stage_worker.layers import gemv, onednn
+from stage_worker.layers import exact_logits, gemv, onednn
 from stage_worker.layers.linear import linear
 
 
@@ -59,9 +59,15 @@ class ParallelLMHead(nn.Module):
         self.packed: torch.Tensor | None = None
         # The weight row-major for gemv.linear, when the small-batch kernel is on.
         self.plain: torch.Tensor | None = None
+        # The weight's rows as loaded, for the float32 recomputation of the top logits
+        # (exact_logits.py) of a head that is not float32; an untied CPU bf16 head keeps them
+        # beside its oneDNN copy.
+        self.rows: torch.Tensor | None = None
 
     def pack(self, shared_with_embedding: bool) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        if self.weight.dtype != torch.float32:
+            self.rows = self.weight.data
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
         if not onednn.can_pack(self.weight):
@@ -75,6 +81,8 @@ class ParallelLMHead(nn.Module):
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
         weight = self.packed if self.packed is not None else self.weight
         logits = linear(hidden, weight, self.plain).float()
+        if self.rows is not None:  # rounded to the model dtype: the top ones made exact
+            logits = exact_logits.refine(logits, hidden, self.rows)
         if self.tp.size == 1:
             return logits
         pad = self.per_rank - logits.shape[1]

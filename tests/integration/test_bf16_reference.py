@@ -1,0 +1,197 @@
+"""bfloat16, the default dtype on CPUs that compute it (and on GPUs), against the float32
+reference, the way vLLM's model tests compare with Hugging Face: greedy streams may part, but
+where they first part each side's token must be among the other's top 5. Both sides of the
+comparison go through what a user calls: our side is a local cluster (PP 1 and 2) answering
+/v1/completions with `logprobs: 5`; the reference is transformers in float32 on the same folder
+and prompt ids. transformers' own bf16 is measured beside ours on the same prompts: ours must
+part from float32 no more often than it does. And the demo's question gets the demo's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.tokenizer import Tokenizer
+from tests.integration.test_demo_model import prepared_demo_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+NEW_TOKENS = 24
+TOP = 5
+CHATS = [  # several kinds: fact, arithmetic, code, list, translation, format, story, other tongue
+    "What is the capital of France?",
+    "If I have 3 apples and buy 5 more, how many apples do I have?",
+    "Write a Python function that reverses a string.",
+    "List three primary colors.",
+    "Translate 'good morning' into Spanish.",
+    'Give me a JSON object with keys "name" and "age" for a person.',
+    "Tell me a very short story about a cat.",
+    "Quelle est la plus grande planète du système solaire ?",
+]
+RAW = ["The history of the printing press begins"]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A greedy continuation: its token ids and, per position, the top-5 token ids."""
+
+    tokens: list[int]
+    top: list[list[int]]
+
+
+def _prompts(tokenizer: Tokenizer) -> list[list[int]]:
+    chats = [tokenizer.encode_prompt(text, apply_chat_template=True) for text in CHATS]
+    return chats + [tokenizer.encode(text) for text in RAW]
+
+
+def _reference(model_dir: Path, prompts: list[list[int]], dtype: Any) -> list[Stream]:
+    """transformers' greedy streams in `dtype`, EOS ignored, with each position's top 5."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+    streams = []
+    with torch.no_grad():
+        for prompt in prompts:
+            tokens, top, past = [], [], None
+            step = torch.tensor([prompt])
+            for _ in range(NEW_TOKENS):
+                out = model(input_ids=step, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                ranked = out.logits[0, -1].float().topk(TOP).indices.tolist()
+                tokens.append(ranked[0])
+                top.append(ranked)
+                step = torch.tensor([[ranked[0]]])
+            streams.append(Stream(tokens, top))
+    return streams
+
+
+def parted_at(ours: Stream, reference: Stream) -> int | None:
+    """Where two greedy streams first differ (None: never)."""
+    pairs = enumerate(zip(ours.tokens, reference.tokens, strict=True))
+    return next((i for i, (a, b) in pairs if a != b), None)
+
+
+def close(ours: Stream, reference: Stream) -> bool:
+    """vLLM's rule: equal up to the first difference, and there each side's token is in the
+    other's top 5."""
+    i = parted_at(ours, reference)
+    return i is None or (ours.tokens[i] in reference.top[i] and reference.tokens[i] in ours.top[i])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=900) as response:  # bf16 is slow off AVX-512
+        result: dict[str, Any] = json.load(response)
+        return result
+
+
+@dataclass(frozen=True)
+class Served:
+    port: int
+    model: str
+    tokenizer: Tokenizer
+
+    def stream(self, prompt: list[int]) -> Stream:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": NEW_TOKENS,
+                "temperature": 0, "logprobs": TOP, "ignore_eos": True,
+                "return_token_ids": True}  # fmt: skip
+        choice = _post(self.port, "/v1/completions", body)["choices"][0]
+        ids: dict[str, int] = {}  # a top entry's text back to its id
+        top = []
+        for alternatives in choice["logprobs"]["top_logprobs"]:
+            ranked = sorted(alternatives.items(), key=lambda kv: -kv[1])
+            top.append([self._id(text, ids) for text, _ in ranked])
+        return Stream(list(choice["token_ids"]), top)
+
+    def _id(self, text: str, cache: dict[str, int]) -> int:
+        if not cache:
+            for token_id in range(self.tokenizer.vocab_size):
+                cache.setdefault(
+                    self.tokenizer.decode([token_id], skip_special_tokens=False), token_id
+                )
+        return cache.get(text, -1)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["pp1", "pp2"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    model_dir = prepared_demo_dir()
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", str(request.param),
+         "--model", str(model_dir), "--port", str(_free_port()), "--http-port", str(port),
+         "--dtype", "bfloat16", "--kv-cache-mb", "64",
+         "--log-dir", str(tmp_path_factory.mktemp("logs"))],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"sarathictl up exited:\n{proc.communicate()[0][-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                    model = json.load(r)["data"][0]["id"]
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the bf16 cluster did not serve in time"
+                time.sleep(1.0)
+        yield Served(port, model, Tokenizer.from_dir(model_dir))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def references() -> tuple[list[list[int]], list[Stream], list[Stream]]:
+    """The prompts, transformers' float32 streams and its bf16 streams."""
+    model_dir = prepared_demo_dir()
+    prompts = _prompts(Tokenizer.from_dir(model_dir))
+    return (
+        prompts,
+        _reference(model_dir, prompts, torch.float32),
+        _reference(model_dir, prompts, torch.bfloat16),
+    )
+
+
+def test_bf16_streams_stay_close_to_float32_and_part_no_more_than_transformers_bf16(
+    served: Served, references: tuple[list[list[int]], list[Stream], list[Stream]]
+) -> None:
+    prompts, float32, hf_bf16 = references
+    ours = [served.stream(prompt) for prompt in prompts]
+    not_close = [i for i, (o, r) in enumerate(zip(ours, float32, strict=True)) if not close(o, r)]
+    assert not not_close, f"prompts {not_close} part from float32 beyond each other's top 5"
+    ours_parted = sum(parted_at(o, r) is not None for o, r in zip(ours, float32, strict=True))
+    hf_parted = sum(parted_at(h, r) is not None for h, r in zip(hf_bf16, float32, strict=True))
+    print(f"parted from float32 in {NEW_TOKENS} tokens: ours bf16 {ours_parted}, "
+          f"transformers bf16 {hf_parted} of {len(prompts)} prompts")  # fmt: skip
+    assert ours_parted <= hf_parted, (ours_parted, hf_parted)
+
+
+def test_the_demo_question_is_answered_with_paris_in_bf16(served: Served) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    body = {"model": served.model, "max_tokens": 32, "temperature": 0, "messages": question}
+    answer = _post(served.port, "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+    assert "Paris" in answer, answer
