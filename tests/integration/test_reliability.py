@@ -200,10 +200,16 @@ def test_y_killed_stage_recovers_and_every_stream_equals_an_undisturbed_run(
     work = list(zip(prompts, kinds, strict=True))
     undisturbed = [greedy_stream(cluster, p, max_tokens, k) for p, k in work]
     assert undisturbed[3] != greedy_stream(cluster, prompts[3], max_tokens)  # it does sample
+    hits_before = cluster.status().scheduler.prefix_cache.num_hit_requests
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(greedy_stream, cluster, p, max_tokens, k) for p, k in work]
         wait_until(lambda: cluster.status().scheduler.num_running == len(prompts), 20, "running")
         time.sleep(0.3)  # tokens are streaming
+        # The second prompt (3 full KV blocks) started from the undisturbed run's cached prefix;
+        # the rebuilt workers hold no KV: a recompute that found a cached block now would
+        # read zeros, and its stream would differ.
+        cache = cluster.status().scheduler.prefix_cache
+        assert cache.num_hit_requests > hits_before and cache.num_cached_blocks > 0
         killed_at = time.monotonic()
         os.kill(cluster.worker_pid(stage=1), signal.SIGKILL)
         wait_until(lambda: not cluster.status().serving, 10, "stage noticed down")
