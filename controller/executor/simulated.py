@@ -110,6 +110,18 @@ class SimRequest(NamedTuple):
     arrival_s: float
     num_prompt_tokens: int
     num_output_tokens: int
+    prefix_id: int = -1
+    """Which shared prefix (a system prompt) the prompt starts with; -1: none."""
+    num_prefix_tokens: int = 0
+    """Tokens of that prefix, within num_prompt_tokens."""
+
+
+def sim_prompt(seq_id: int, req: SimRequest) -> list[int]:
+    """Token ids standing for a request's prompt: its shared prefix (the same ids in every
+    request naming it) then ids of its own, so that the scheduler's prefix cache finds exactly
+    the sharing the workload describes (no model reads them)."""
+    shared = min(req.num_prefix_tokens, req.num_prompt_tokens) if req.prefix_id >= 0 else 0
+    return [-1 - req.prefix_id] * shared + [seq_id] * (req.num_prompt_tokens - shared)
 
 
 class RequestRecord(NamedTuple):
@@ -246,7 +258,7 @@ class _Replay:
             try:
                 self.scheduler.add_request(
                     self.next_arrival,
-                    [0] * req.num_prompt_tokens,
+                    sim_prompt(self.next_arrival, req),
                     RequestParams(max_tokens=req.num_output_tokens),
                     req.arrival_s,
                 )

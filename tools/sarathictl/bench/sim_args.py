@@ -57,6 +57,24 @@ def add_arrival_args(group: argparse._ArgumentGroup, defaults: WorkloadSpec) -> 
     )
 
 
+def add_prefix_args(group: argparse._ArgumentGroup, defaults: WorkloadSpec) -> None:
+    """--system-prompt-tokens, --system-prompts: the prefixes requests share (simulate,
+    capacity, plan)."""
+    group.add_argument(
+        "--system-prompt-tokens",
+        type=int_at_least(0),
+        default=defaults.system_prompt_tokens,
+        help="a system prompt of this many tokens in front of every prompt, shared by the "
+        "requests that draw the same one (the prefix cache computes it once); default 0: none",
+    )
+    group.add_argument(
+        "--system-prompts",
+        type=int_at_least(1),
+        default=defaults.num_system_prompts,
+        help="distinct system prompts, drawn round robin (default 1)",
+    )
+
+
 def rate_curve_from_args(values: tuple[float | str, ...]) -> tuple[float, ...]:
     if "diurnal" in values:
         if len(values) > 1:
@@ -76,6 +94,8 @@ def workload_from_args(args: argparse.Namespace, **lengths: int) -> WorkloadSpec
         burstiness=args.burstiness,
         rate_curve=rate_curve_from_args(args.rate_curve),
         rate_period_s=args.rate_period_s,
+        system_prompt_tokens=getattr(args, "system_prompt_tokens", 0),
+        num_system_prompts=getattr(args, "system_prompts", 1),
         **lengths,
     )
 
@@ -152,6 +172,11 @@ def _add_scheduler_args(group: argparse._ArgumentGroup) -> None:
         "(opt-in; default: each micro-batch takes what its budget allows)",
     )
     group.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="the scheduler without its prefix cache (default: on, as served)",
+    )
+    group.add_argument(
         "--orca-paged",
         action="store_true",
         help="orca with a paged KV cache (default: as the paper ran it, KV reserved per request)",
@@ -176,6 +201,7 @@ def _add_workload_args(group: argparse._ArgumentGroup) -> None:
         "--max-total-tokens", type=int_at_least(0), default=0, help="length filter (0: none)"
     )
     add_arrival_args(group, w)
+    add_prefix_args(group, w)
     group.add_argument(
         "--prompt-tokens", type=positive, default=w.prompt_tokens, help="synthetic sources"
     )
@@ -204,6 +230,7 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         spread_prompts=args.spread_prompts,
         time_budget=args.time_budget,
         orca_as_published=not args.orca_paged,
+        prefix_caching=not args.no_prefix_caching,
         workload=workload,
         profile_csv=args.profile,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from controller.executor.simulated import SimRequest, SimulatedPipeline, run_simulation
+from controller.executor.simulated import SimulatedPipeline, run_simulation
 from controller.scheduler import CacheConfig, MicroBatch, Scheduler, SchedulerConfig
 from controller.simulator import (
     AnalyticCostModel,
@@ -19,7 +19,7 @@ from controller.simulator.cost_model import StageCost
 from controller.simulator.linear_profile import LinearProfile, StageCoefficients
 from controller.simulator.step_cost_fit import fit_step_cost
 from sarathictl.bench.metrics import ServingMetrics, summarize
-from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests
+from sarathictl.bench.workloads import WorkloadSpec, sim_requests, unit_rate_requests
 
 TILE_TOKENS = 32
 CostModel = AnalyticCostModel | MeasuredProfile | LinearProfile
@@ -59,6 +59,9 @@ class SimSetup:
     spread_prompts: bool = False
     """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
     """With PP > 1, decodes divided among the micro-batches in flight (Scheduler)."""
+    prefix_caching: bool = True
+    """The scheduler's prefix cache (the served default); what it saves depends on the
+    workload's shared prefixes (WorkloadSpec.system_prompt_tokens)."""
     time_budget: float | str = 0.0
     """Chunked policies: also budget each micro-batch in predicted stage time: seconds, or
     "auto" (the time budget_tokens of a prompt's first chunk take); 0: tokens only. The
@@ -102,9 +105,7 @@ class PreparedSim:
         record_intervals: bool = False,
     ) -> ServingMetrics:
         times = self.setup.workload.arrivals_at([t for t, _, _ in self.unit_requests], qps)
-        requests = [
-            SimRequest(t, p, o) for t, (_, p, o) in zip(times, self.unit_requests, strict=True)
-        ]
+        requests = sim_requests(self.setup.workload, times, self.unit_requests)
         scheduler = Scheduler(
             self.scheduler_config,
             self.cache_config,
@@ -174,6 +175,8 @@ def prepare(setup: SimSetup) -> PreparedSim:
         step_cost=step_cost,
     )
     cache_config = CacheConfig(
-        block_size=deployment.block_size, num_blocks=deployment.num_kv_blocks
+        block_size=deployment.block_size,
+        num_blocks=deployment.num_kv_blocks,
+        prefix_caching=setup.prefix_caching,
     )
     return PreparedSim(setup, deployment, scheduler_config, cache_config, unit_requests, cost_model)

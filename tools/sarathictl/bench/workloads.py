@@ -57,8 +57,17 @@ class WorkloadSpec:
     prompt_tokens: int = 1024
     """Synthetic sources: the median (lognormal), maximum (zipf, uniform) or value (fixed)."""
     output_tokens: int = 128
+    system_prompt_tokens: int = 0
+    """Tokens of a system prompt put in front of every prompt (a chat product's), shared by
+    the requests that draw the same one (the prefix cache computes it once); 0: none."""
+    num_system_prompts: int = 1
+    """Distinct system prompts, drawn round robin by the requests."""
 
     def __post_init__(self) -> None:
+        if self.system_prompt_tokens < 0:
+            raise ValueError(f"system_prompt_tokens must be >= 0, got {self.system_prompt_tokens}")
+        if self.num_system_prompts < 1:
+            raise ValueError(f"num_system_prompts must be >= 1, got {self.num_system_prompts}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.arrival not in ARRIVALS:
@@ -163,8 +172,18 @@ def _lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[list[tuple[i
 def make_requests(spec: WorkloadSpec, qps: float) -> list[SimRequest]:
     """num_requests requests arriving at qps requests/s on average, sorted by arrival."""
     rows = unit_rate_requests(spec)
-    times = spec.arrivals_at([t for t, _, _ in rows], qps)
-    return [SimRequest(t, p, o) for t, (_, p, o) in zip(times, rows, strict=True)]
+    return sim_requests(spec, spec.arrivals_at([t for t, _, _ in rows], qps), rows)
+
+
+def sim_requests(
+    spec: WorkloadSpec, times_s: list[float], rows: list[tuple[float, int, int]]
+) -> list[SimRequest]:
+    """unit_rate_requests' rows at these arrival times, each naming its system prompt."""
+    shared = spec.system_prompt_tokens
+    return [
+        SimRequest(t, p, o, i % spec.num_system_prompts if shared else -1, shared)
+        for i, (t, (_, p, o)) in enumerate(zip(times_s, rows, strict=True))
+    ]
 
 
 def _replay_rows(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
@@ -187,7 +206,15 @@ def _replay_rows(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
 
 
 def unit_rate_requests(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
-    """(arrival at rate 1 request/s, prompt tokens, output tokens): scale arrivals by 1/qps."""
+    """(arrival at rate 1 request/s, prompt tokens, output tokens): scale arrivals by 1/qps.
+    A system prompt counts in the prompt tokens."""
+    rows = _unit_rate_rows(spec)
+    if spec.system_prompt_tokens:
+        rows = [(t, spec.system_prompt_tokens + p, o) for t, p, o in rows]
+    return rows
+
+
+def _unit_rate_rows(spec: WorkloadSpec) -> list[tuple[float, int, int]]:
     if spec.arrival == "replay":
         rows = _replay_rows(spec)
         times, _ = unit_rate_times([t for t, _, _ in rows])

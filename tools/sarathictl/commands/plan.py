@@ -25,7 +25,7 @@ from sarathictl.argtypes import (
 )
 from sarathictl.bench.live_capacity import SLO_FACTORS
 from sarathictl.bench.progress import say
-from sarathictl.bench.sim_args import add_arrival_args, workload_from_args
+from sarathictl.bench.sim_args import add_arrival_args, add_prefix_args, workload_from_args
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests, workload_flag
 from sarathictl.plan.evaluate import Candidate, Evaluation
 from sarathictl.plan.helm_values import deployable_winner, values_yaml
@@ -86,6 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--seed", type=int_at_least(0), default=0)
     w.add_argument("--max-total-tokens", type=int_at_least(0), default=0, help="length filter")
     add_arrival_args(w, WorkloadSpec())
+    add_prefix_args(w, WorkloadSpec())
     g = p.add_argument_group("search")
     g.add_argument(
         "--budgets",
