@@ -43,36 +43,63 @@ def uniform(seed: int, position: int) -> float:
 
 def filtered_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     """logits: [vocab] float32 -> probabilities [vocab] after temperature, top-k and top-p."""
-    x = logits / spec.temperature
-    if 0 < spec.top_k < x.shape[0]:
-        kth = torch.topk(x, spec.top_k).values[-1]
+    return filtered_rows(logits[None], [spec])[0]
+
+
+def filtered_rows(logits: torch.Tensor, specs: list[SamplingSpec]) -> torch.Tensor:
+    """logits: [m, vocab] float32, one row per sampled (not greedy) sequence -> probabilities
+    [m, vocab] after each row's temperature, top-k and top-p: a few batched ops for the whole
+    step, each row's result the one it would get alone (every op works row by row)."""
+    device, vocab = logits.device, logits.shape[1]
+    temperature = torch.tensor([s.temperature for s in specs], device=device)
+    x = logits / temperature[:, None]
+    ks = [s.top_k if 0 < s.top_k < vocab else 0 for s in specs]
+    if any(ks):
+        top_k = torch.tensor(ks, device=device)
+        ranked = torch.topk(x, max(ks), dim=1).values  # [m, largest k]
+        kth = ranked.gather(1, (top_k.clamp(min=1) - 1)[:, None])  # [m, 1]
+        kth = torch.where(top_k[:, None] > 0, kth, float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
-    if spec.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # drop a token when the mass before it already reaches top_p (the first always stays)
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= spec.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+    nucleus = [row for row, s in enumerate(specs) if s.top_p < 1.0]
+    if nucleus:
+        rows = torch.tensor(nucleus, device=device)
+        top_p = torch.tensor([specs[row].top_p for row in nucleus], device=device)
+        x[rows] = _nucleus(x[rows], top_p)
     return torch.softmax(x, dim=-1)
 
 
-def draw(probs: torch.Tensor, u: float) -> int:
-    """The token whose share of the cumulative distribution holds u (probs: [vocab]); a token of
-    probability 0 never comes out."""
-    cdf = torch.cumsum(probs.double(), dim=0)  # float64: the same boundaries at any batch
-    index = int(torch.searchsorted(cdf, cdf[-1] * u, right=True))
-    return min(index, probs.shape[0] - 1)
+def _nucleus(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """x: [r, vocab] scaled logits, top_p: [r] -> x with -inf past each row's top-p mass."""
+    sorted_x, order = torch.sort(x, dim=1, descending=True)
+    probs = torch.softmax(sorted_x, dim=-1)
+    # drop a token when the mass before it already reaches top_p (the first always stays)
+    drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return x.masked_fill(drop, float("-inf"))
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> list[int]:
+    """For each row of probs ([m, vocab]), the token whose share of the cumulative distribution
+    holds that row's u ([m] float64); a token of probability 0 never comes out."""
+    cdf = torch.cumsum(probs.double(), dim=1)  # float64: the same boundaries at any batch
+    index = torch.searchsorted(cdf, (cdf[:, -1] * u)[:, None], right=True)  # [m, 1]
+    return index.clamp(max=probs.shape[1] - 1).flatten().tolist()
 
 
 def sample(logits: torch.Tensor, specs: list[SamplingSpec], positions: list[int]) -> list[int]:
     """logits: [n, vocab] float32, one row per sequence; positions: where each sampled token
     goes in its sequence -> n token ids."""
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, (spec, position) in enumerate(zip(specs, positions, strict=True)):
-        if spec.greedy:
-            continue
-        tokens[row] = draw(filtered_probs(logits[row], spec), uniform(spec.seed, position))
+    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    sampled = [row for row, spec in enumerate(specs) if not spec.greedy]
+    if not sampled:
+        return tokens
+    if len(sampled) < len(specs):
+        logits = logits.index_select(0, torch.tensor(sampled, device=logits.device))
+    probs = filtered_rows(logits, [specs[row] for row in sampled])
+    u = [uniform(specs[row].seed, positions[row]) for row in sampled]
+    drawn = draw(probs, torch.tensor(u, dtype=torch.float64, device=logits.device))
+    for row, token in zip(sampled, drawn, strict=True):
+        tokens[row] = token
     return tokens
 
 

@@ -90,3 +90,42 @@ def test_tiny_top_p_is_greedy() -> None:
     logits = make_logits()
     tokens = draw(SamplingSpec(temperature=1.0, top_p=1e-6, seed=4), logits, 20)
     assert tokens == [int(logits.argmax())] * 20
+
+
+def _one_row_at_a_time(logits: torch.Tensor, spec: SamplingSpec, position: int) -> int:
+    """The sampler before it was batched (one row, one set of calls), kept as the reference."""
+    x = logits / spec.temperature
+    if 0 < spec.top_k < x.shape[0]:
+        x = x.masked_fill(x < torch.topk(x, spec.top_k).values[-1], float("-inf"))
+    if spec.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= spec.top_p
+        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted), -1e999)
+    cdf = torch.cumsum(torch.softmax(x, dim=-1).double(), dim=0)
+    index = int(torch.searchsorted(cdf, cdf[-1] * uniform(spec.seed, position), right=True))
+    return min(index, x.shape[0] - 1)
+
+
+def test_a_batch_draws_what_each_row_draws_alone() -> None:
+    """Every mix of greedy, temperature, top-k and top-p rows in one batch, against the
+    one-row-at-a-time sampler: the same token for every row and position."""
+    gen = torch.Generator().manual_seed(5)
+    specs = [
+        SamplingSpec(),
+        SamplingSpec(temperature=0.7, seed=1),
+        SamplingSpec(temperature=1.0, top_k=5, seed=2),
+        SamplingSpec(temperature=1.3, top_p=0.8, seed=3),
+        SamplingSpec(temperature=0.9, top_k=40, top_p=0.95, seed=4),
+        SamplingSpec(temperature=2.0, top_k=1000, seed=5),  # k past the vocabulary: no top-k
+        SamplingSpec(temperature=0.5, top_p=1e-6, seed=6),
+    ]
+    for step in range(40):
+        logits = torch.randn(len(specs), 300, generator=gen) * 4
+        positions = [step * 3 + row for row in range(len(specs))]
+        want = [
+            int(logits[row].argmax()) if spec.greedy
+            else _one_row_at_a_time(logits[row], spec, positions[row])
+            for row, spec in enumerate(specs)
+        ]  # fmt: skip
+        assert sample(logits, specs, positions) == want
