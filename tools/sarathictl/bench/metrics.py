@@ -81,6 +81,9 @@ class ServingMetrics:
     stopped_early: bool
     peak_kv_usage: float = float("nan")
     """Highest share of the KV cache's blocks in use (simulation; NaN: not measured)."""
+    prefix_cached_token_share: float = float("nan")
+    """Share of the admitted sequences' tokens the prefix cache gave them instead of computing
+    them (simulation; 0 with the cache off; NaN: not measured)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

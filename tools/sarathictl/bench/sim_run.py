@@ -115,7 +115,13 @@ class PreparedSim:
         kv = KvPeak(self.cost_model, scheduler)
         pipeline = SimulatedPipeline(kv, record_intervals=record_intervals)
         result = run_simulation(scheduler, pipeline, requests, stop_delay_s, progress)
-        return replace(summarize(result), peak_kv_usage=kv.peak_usage)
+        stats = scheduler.prefix_cache.stats
+        cached = (
+            stats.num_cached_tokens / stats.num_prompt_tokens if stats.num_prompt_tokens else 0.0
+        )
+        return replace(
+            summarize(result), peak_kv_usage=kv.peak_usage, prefix_cached_token_share=cached
+        )
 
 
 def prepare(setup: SimSetup) -> PreparedSim:

@@ -82,4 +82,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"  throughput        {m.throughput_rps:.3f} req/s, {m.throughput_tokens_s:.0f} tokens/s")
     print(f"  {m.stage_line(digits=1)}")
     print(f"  preemptions       {m.num_preemptions}; wall time {wall_s:.1f} s")
+    print(f"  prefix cache      {m.prefix_cached_token_share:.1%} of admitted tokens cached")
     return 0
