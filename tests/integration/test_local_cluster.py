@@ -125,6 +125,23 @@ def test_outputs_equal_the_transformers_oracle_with_requests_in_flight(
         assert stream[-1].ttft_s > 0
 
 
+def test_prompts_that_start_like_an_earlier_one_hit_the_cache_and_equal_the_oracle(
+    cluster: RunningCluster,
+) -> None:
+    # After the test above: PROMPTS[1] (100 tokens, 6 full blocks) and PROMPTS[3] (69, 4) are
+    # cached; prefixes of them cut around a block edge, and one whole, start past them.
+    before = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5).scheduler.prefix_cache
+    asked = [[*PROMPTS[1][:31], 7, 8], PROMPTS[1][:33], PROMPTS[3][:64], PROMPTS[1]]
+    for prompt in asked:
+        stream = generate(cluster, prompt_token_ids=prompt, max_tokens=6, ignore_eos=True)
+        assert [t for r in stream for t in r.token_ids] == oracle_greedy(
+            cluster.model_dir, prompt, 6
+        )
+    after = cluster.stub.Status(generate_pb2.StatusRequest(), timeout=5).scheduler.prefix_cache
+    assert after.enabled and after.num_hit_requests - before.num_hit_requests == 4
+    assert after.num_cached_tokens - before.num_cached_tokens == 16 + 32 + 63 + 96
+
+
 def test_streamed_text_equals_the_decoded_tokens(cluster: RunningCluster) -> None:
     from controller.tokenizer import Tokenizer
 
@@ -215,6 +232,9 @@ def test_status_command_prints_a_table_and_json(cluster: RunningCluster) -> None
         timeout=60,
     ).stdout.decode()
     assert "pipeline stages" in table and "sarathi" in table
+    assert "prefix cache" in table and "token hit %" in table
+    cache = json.loads(out)["scheduler"]["prefixCache"]
+    assert cache["enabled"] and int(cache["numHitRequests"]) > 0  # the tests above hit
 
 
 def test_generate_command_samples_n_answers_each_with_its_own_seed(
