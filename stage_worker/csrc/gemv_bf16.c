@@ -15,14 +15,10 @@
 #include "kernels.h"
 
 #if SARATHI_HAVE_X86_KERNELS
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))), \
-                             apply_to = function)
-#endif
 #include <immintrin.h>
 #include <string.h>
+
+SARATHI_AVX512_BEGIN
 
 #define TOKENS 3 /* tokens per pass over the weight (more ran slower: see gemv_bf16) */
 
@@ -89,8 +85,5 @@ void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int
     }
 }
 
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
-#pragma GCC pop_options
+SARATHI_AVX512_END
 #endif /* SARATHI_HAVE_X86_KERNELS */

@@ -16,6 +16,18 @@
 #define SARATHI_HAVE_X86_KERNELS 0
 #endif
 
+/* Everything between these two is compiled for AVX-512 with bf16, whatever the global flags. */
+#if defined(__clang__)
+#define SARATHI_AVX512_BEGIN                                                                   \
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512bf16\"))), \
+            apply_to = function)")
+#define SARATHI_AVX512_END _Pragma("clang attribute pop")
+#else
+#define SARATHI_AVX512_BEGIN                                                                   \
+    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512bf16\")")
+#define SARATHI_AVX512_END _Pragma("GCC pop_options")
+#endif
+
 /* See paged_attention.c. scratch: num_threads blocks of scratch_floats each. */
 void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      const int64_t *block_table, const int64_t *context_lens, int64_t tokens,

@@ -34,14 +34,10 @@ static inline int omp_thread(void) { return 0; }
 #endif
 
 #if SARATHI_HAVE_X86_KERNELS
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
-#ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))), \
-                             apply_to = function)
-#endif
 #include <immintrin.h>
 #include <string.h>
+
+SARATHI_AVX512_BEGIN
 
 /* 16 float32 values of a bf16 (is_bf16) or float32 row. */
 static inline __attribute__((always_inline)) __m512 load16(const void *p, int is_bf16) {
@@ -292,8 +288,5 @@ void paged_attention(const void *q, const void *k_cache, const void *v_cache,
     }
 }
 
-#ifdef __clang__
-#pragma clang attribute pop
-#endif
-#pragma GCC pop_options
+SARATHI_AVX512_END
 #endif /* SARATHI_HAVE_X86_KERNELS */
