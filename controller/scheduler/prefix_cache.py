@@ -30,9 +30,12 @@ def chain_hashes(
     """Names of blocks first_block..num_blocks-1 of token_ids (all full), the first chained to
     parent (the root, or block first_block-1's name)."""
     names = []
-    for i in range(first_block, num_blocks):
-        tokens = array("q", token_ids[i * block_size : (i + 1) * block_size])
-        parent = hashlib.blake2b(parent + tokens.tobytes(), digest_size=HASH_BYTES).digest()
+    blake2b = hashlib.blake2b
+    # One conversion of every token to 8 bytes, then a slice of it per block.
+    data = array("q", token_ids[first_block * block_size : num_blocks * block_size]).tobytes()
+    step = 8 * block_size
+    for start in range(0, len(data), step):
+        parent = blake2b(parent + data[start : start + step], digest_size=HASH_BYTES).digest()
         names.append(parent)
     return names
 
