@@ -25,9 +25,11 @@ INFERENCE_GATEWAY_METRICS = {
     "TotalQueuedRequests": "sarathi:num_requests_waiting",
     "TotalRunningRequests": "sarathi:num_requests_running",
     "KVCacheUtilization": "sarathi:kv_cache_usage_perc",
+    "CacheInfo": "sarathi:cache_config_info",
 }
 """The Gateway API Inference Extension's model server protocol: each metric it scrapes (all
-gauges) and our name for it; the endpoint picker is told these names by flag (see the chart)."""
+gauges) and our name for it; the endpoint picker is told these names by flag (see the chart).
+CacheInfo carries the KV-cache block size and block count in its labels (vLLM's)."""
 
 # Seconds; from 1 ms decodes on GPUs to multi-second queues under overload.
 _LATENCY_BUCKETS_S = (
@@ -120,6 +122,15 @@ class ControllerMetrics:
             "Cached KV blocks that lost their prefix to make room.",
             registry=r,
         )
+        # vLLM's cache_config_info labels: the inference gateway's endpoint picker sizes its
+        # estimate of each server's prefix cache from them (--cache-info-metric).
+        self.cache_config = Gauge(
+            INFERENCE_GATEWAY_METRICS["CacheInfo"],
+            "KV-cache configuration in its labels (value 1).",
+            ["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+            registry=r,
+        )
+        self._cache_config_seen: tuple[str, str, str] | None = None
 
     def _add_token_and_request_metrics(self) -> None:
         """Tokens in and out, and finished requests by why they finished."""
@@ -217,6 +228,12 @@ class ControllerMetrics:
                 counter.inc(total - seen[i])
                 seen[i] = total
         self.prefix_blocks.set(bm.num_cached_blocks)
+        config = (str(bm.block_size), str(bm.num_blocks), str(sched.prefix_cache.enabled))
+        if config != self._cache_config_seen:  # once: the cache keeps its size across rebuilds
+            if self._cache_config_seen is not None:
+                self.cache_config.remove(*self._cache_config_seen)
+            self.cache_config.labels(*config).set(1)
+            self._cache_config_seen = config
 
     def on_stages(self, shares: Sequence[StageShares], busy_s_totals: Sequence[float]) -> None:
         for stage, (share, busy_s_total) in enumerate(zip(shares, busy_s_totals, strict=True)):

@@ -86,6 +86,7 @@ EXPOSED_METRICS = {
     "sarathi:prefix_cache_hit_requests_total",
     "sarathi:prefix_cache_blocks",
     "sarathi:prefix_cache_evictions_total",
+    "sarathi:cache_config_info",
 }
 
 Obj = dict[str, Any]
@@ -405,6 +406,16 @@ def test_controller_probes_ask_the_grpc_health_service() -> None:
     # Health is NOT_SERVING while workers load: the startup probe must outlast that wait.
     startup_s = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
     assert startup_s > float(flags(c)["worker-start-timeout"])
+
+
+def test_prefix_caching_is_on_unless_the_values_turn_it_off() -> None:
+    from controller.__main__ import build_parser
+
+    on = container(only(render(GPU), "Deployment"))["args"]
+    off = container(only(render(GPU, "scheduler.prefixCaching=false"), "Deployment"))["args"]
+    assert "--no-prefix-caching" not in on
+    assert [a for a in off if a not in on] == ["--no-prefix-caching"]
+    assert "--no-prefix-caching" in build_parser()._option_string_actions  # the controller's
 
 
 def test_nccl_and_gloo_use_the_configured_interface() -> None:
@@ -830,6 +841,8 @@ def test_endpoint_picker_serves_the_pool_with_our_metric_names() -> None:
     assert args["total-running-requests-metric"] == "sarathi:num_requests_running"
     assert args["kv-cache-usage-percentage-metric"] == "sarathi:kv_cache_usage_perc"
     assert args["lora-info-metric"] == ""  # empty: no LoRA metric to scrape
+    assert args["cache-info-metric"] == "sarathi:cache_config_info"
+    assert args["cache-info-metric"] in EXPOSED_METRICS
     ext_proc = next(p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"])
     assert port_of(c, ext_proc["targetPort"]) == int(args["grpc-port"])
     assert c["image"].startswith("registry.k8s.io/gateway-api-inference-extension/epp:v1.")

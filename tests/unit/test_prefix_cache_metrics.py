@@ -52,3 +52,14 @@ def test_with_the_cache_off_status_says_so_and_counts_nothing() -> None:
     serve(sched, [[*SYSTEM, 1], [*SYSTEM, 2]])
     status = prefix_cache_status(sched)
     assert not status.enabled and status.num_requests == 0 and status.num_cached_blocks == 0
+
+
+def test_the_cache_configuration_is_exported_for_the_endpoint_picker() -> None:
+    sched = create_scheduler(num_blocks=321, block_size=16)
+    metrics = ControllerMetrics()
+    metrics.on_scheduler_state(sched)
+    metrics.on_scheduler_state(sched)
+    text = metrics.exposition()[0].decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("sarathi:cache_config_info{")]
+    # vLLM's label names: the endpoint picker reads block_size and num_gpu_blocks.
+    assert 'block_size="16"' in line and 'num_gpu_blocks="321"' in line and line.endswith(" 1.0")
