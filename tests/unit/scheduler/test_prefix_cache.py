@@ -401,3 +401,21 @@ def test_the_mix_above_hits_evicts_and_preempts() -> None:
     assert sched.prefix_cache.stats.num_hit_requests > 0
     assert sched.block_manager.num_evictions > 0
     assert sched.num_preemptions > 0
+
+
+def test_a_resumed_stream_starts_past_the_blocks_its_cut_run_left() -> None:
+    sched = create_scheduler(budget_tokens=64)
+    pipe = KVPipeline(sched)
+    cut = add(sched, 1, system_prompt(20), max_tokens=30)
+    run_alone(sched, pipe, cut)
+    received = cut.output_token_ids[:17]  # the client had these when the stream was cut
+    resumed = sched.add_request(
+        2, system_prompt(20), RequestParams(max_tokens=30), 0.0, output_token_ids=received
+    )
+    (batch,) = pipe.fill()
+    # Prompt and received tokens: 37, of which 2 full blocks (32) were named when the cut run
+    # let go of its blocks; the rest is computed, and the stream goes on from token 17.
+    assert [(c.first_position, c.num_tokens) for c in batch.chunks] == [(32, 5)]
+    run_alone(sched, pipe, resumed)
+    assert resumed.output_token_ids[:17] == received
+    assert resumed.output_token_ids[17:] == [token_for(2, 19 + i) for i in range(17, 30)]
