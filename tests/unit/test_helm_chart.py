@@ -801,6 +801,10 @@ def test_dashboard_queries_only_exposed_metrics_through_the_templated_datasource
         ("Tokens per second", "rate(sarathi:generation_tokens_total"),
         ("Finished requests by reason", "sum by (finished_reason) (rate("
          "sarathi:request_success_total"),
+        ("Prefix cache hit rate", "rate(sarathi:prefix_cache_hits_total"),
+        ("Prefix cache hit rate", "rate(sarathi:prefix_cache_hit_requests_total"),
+        ("Prefix cache blocks and evictions", "sarathi:prefix_cache_blocks"),
+        ("Prefix cache blocks and evictions", "rate(sarathi:prefix_cache_evictions_total"),
     ],
 )  # fmt: skip
 def test_dashboard_has_the_panels_operators_look_for(title: str, needed: str) -> None:
