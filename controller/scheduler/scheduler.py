@@ -397,11 +397,6 @@ class Scheduler:
         self.block_manager.drop_cache()  # the new workers' KV caches hold nothing
         return requeued
 
-    def drop_prefix_cache(self) -> int:
-        """Forgets every cached prefix (for an engine whose workers lost or did not write KV the
-        cache names). Returns the number of blocks that were named."""
-        return self.block_manager.drop_cache()
-
     @property
     def num_waiting_prompt_tokens(self) -> int:
         """Tokens the queued sequences will prefill (prompt plus output kept for recompute)."""
