@@ -83,10 +83,13 @@ async def _decode(
         times.extend([now] * len(response.token_ids))
 
 
-async def _feed(stub: generate_pb2_grpc.GenerationStub, ids: list[int]) -> None:
-    """Prompts one after the other, each to its first token, until cancelled."""
+async def _feed(
+    stub: generate_pb2_grpc.GenerationStub, rng: np.random.Generator, num_tokens: int
+) -> None:
+    """New prompts one after the other, each to its first token, until cancelled: each drawn
+    afresh, since the prefix cache would take a repeated one from its blocks, not compute it."""
     while True:
-        await _decode(stub, ids, 1, [])
+        await _decode(stub, prompt(rng, num_tokens), 1, [])
 
 
 async def _until(
@@ -128,9 +131,9 @@ async def run_scenario(
     ]
     try:
         await _until(times, 1, tasks)  # every prompt prefilled: from here on they decode
-        long_prompt = prompt(rng, scenario.prefill_tokens)
         tasks += [
-            asyncio.create_task(_feed(stub, long_prompt)) for _ in range(scenario.prefill_streams)
+            asyncio.create_task(_feed(stub, rng, scenario.prefill_tokens))
+            for _ in range(scenario.prefill_streams)
         ]
         await _until(times, scenario.warmup_tokens, tasks)
         before, start = await read_status(stub), clock()
