@@ -29,6 +29,9 @@ class SamplingSpec:
 
 
 _MASK64 = (1 << 64) - 1
+_ARGMAX_BLOCK = 64
+"""Logits per block in greedy_tokens: each block's maximum first, vectorized, then the first
+block holding the row's maximum."""
 
 
 def uniform(seed: int, position: int) -> float:
@@ -39,6 +42,24 @@ def uniform(seed: int, position: int) -> float:
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     x ^= x >> 31
     return (x >> 11) * 2.0**-53
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """logits: [n, vocab] -> each row's argmax (its first maximum, as torch.argmax).
+
+    On the CPU torch's argmax is a scalar loop (3.4 ms over [32, 49152] on an AMD EPYC without
+    AVX-512, where amax takes 0.18 ms): the maximum of each 64-logit block first, vectorized,
+    then argmax over the block maxima and within the one block, 0.66 ms there."""
+    n, vocab = logits.shape
+    if logits.device.type != "cpu" or n == 1:
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
+    if vocab % _ARGMAX_BLOCK:
+        pad = _ARGMAX_BLOCK - vocab % _ARGMAX_BLOCK
+        logits = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
+    blocks = logits.view(n, -1, _ARGMAX_BLOCK)  # [n, vocab / 64, 64]
+    block = blocks.amax(dim=2).argmax(dim=1)  # [n]: the first block holding the maximum
+    inside = blocks[torch.arange(n), block].argmax(dim=1)  # [n]
+    return (block * _ARGMAX_BLOCK + inside).tolist()
 
 
 def filtered_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -89,7 +110,7 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> list[int]:
 def sample(logits: torch.Tensor, specs: list[SamplingSpec], positions: list[int]) -> list[int]:
     """logits: [n, vocab] float32, one row per sequence; positions: where each sampled token
     goes in its sequence -> n token ids."""
-    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    tokens = greedy_tokens(logits)
     sampled = [row for row, spec in enumerate(specs) if not spec.greedy]
     if not sampled:
         return tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from stage_worker.sampler import SamplingSpec, filtered_probs, sample, uniform
+from stage_worker.sampler import SamplingSpec, filtered_probs, greedy_tokens, sample, uniform
 
 
 def make_logits(vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -129,3 +129,18 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
             for row, spec in enumerate(specs)
         ]  # fmt: skip
         assert sample(logits, specs, positions) == want
+
+
+def test_greedy_tokens_are_torch_argmax_ties_and_masks_included() -> None:
+    """The blocked argmax takes each row's first maximum, as torch.argmax does: across and
+    within blocks, on rows masked to -inf but for a few tokens (a grammar), at any vocabulary
+    size (one not a multiple of the block is padded)."""
+    gen = torch.Generator().manual_seed(9)
+    for vocab in (64, 300, 49152, 32001):
+        logits = torch.randn(6, vocab, generator=gen)
+        logits[1] = 0.0  # all tied: the first
+        logits[2, vocab // 2] = logits[2, -1] = 100.0  # tied across blocks
+        logits[3] = float("-inf")
+        logits[3, [vocab - 1, 5]] = 2.0  # a grammar's two allowed tokens
+        logits[4] = float("-inf")  # nothing allowed: index 0, as torch says
+        assert greedy_tokens(logits) == logits.argmax(dim=-1).tolist()
