@@ -83,7 +83,13 @@ def test_a_rejected_plan_is_logged_the_pipeline_rebuilt_and_the_stream_completes
         log_text = (cluster.log_dir / "controller.log").read_text(errors="replace")
         assert f"rejected the plan of micro-batch {REJECTED_BATCH_ID}" in log_text, log_text
         assert "pipeline rebuilt (#1)" in log_text, log_text
+        # The health watch re-evaluates every 0.25 s: a 24-token stream on the rebuilt pipeline
+        # can end before it has published the rebuild.
+        deadline = time.monotonic() + 10
         status = stub.Status(generate_pb2.StatusRequest(), timeout=5)
+        while not status.serving and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = stub.Status(generate_pb2.StatusRequest(), timeout=5)
         assert status.serving, status.problem
         start = time.monotonic()
         assert stream_tokens(stub, prompt) == expected  # the rebuilt pipeline serves
