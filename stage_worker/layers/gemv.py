@@ -16,13 +16,9 @@ faster from 3 tokens up, reads its own blocked copy, so each bf16 linear weight 
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from stage_worker import native
-
-logger = logging.getLogger(__name__)
 
 MAX_TOKENS = 2
 """Steps of up to this many tokens use the kernel; from 3 tokens oneDNN's packed kernel is as
