@@ -144,3 +144,4 @@ def test_greedy_tokens_are_torch_argmax_ties_and_masks_included() -> None:
         logits[3, [vocab - 1, 5]] = 2.0  # a grammar's two allowed tokens
         logits[4] = float("-inf")  # nothing allowed: index 0, as torch says
         assert greedy_tokens(logits) == logits.argmax(dim=-1).tolist()
+    assert greedy_tokens(torch.zeros(0, 300)) == []  # a step whose rows all sample nothing
