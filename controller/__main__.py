@@ -75,6 +75,22 @@ def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Number:
     return Number(float, allowed, lambda v: (v > lo if lo_open else v >= lo) and v <= hi, bad)
 
 
+@dataclass(frozen=True)
+class LayerCounts:
+    """An argparse `type=`: layer counts, comma-separated, each at least 1 (`17,13`)."""
+
+    allowed: str = "comma-separated layer counts per stage, each at least 1"
+    bad_values: tuple[str, ...] = ("abc", "17,0", "17,")
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        if not text:
+            return ()  # the default: the workers' split
+        parts = text.split(",")
+        if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text!r}")
+        return tuple(int(p) for p in parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The controller's flags, one group after another; --help lists them in this order."""
     p = argparse.ArgumentParser(prog="python -m controller", description=__doc__)
@@ -94,6 +110,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model folder (config.json, tokenizer.json)")
     p.add_argument("--pp", type=positive, default=1, help="pipeline stages")
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
+    p.add_argument(
+        "--layer-split",
+        type=LayerCounts(),
+        default=(),
+        help="decoder layers per stage, e.g. 17,13 (default: the workers' split, which gives "
+        "the LM head's stage fewer layers)",
+    )
 
 
 def add_scheduler_flags(p: argparse.ArgumentParser) -> None:
@@ -377,7 +400,7 @@ def config_from_args(args: argparse.Namespace) -> ControllerConfig:
         model_dir=args.model,
         scheduler=scheduler_config(args, max_model_len),
         cache=CacheConfig(block_size=args.block_size, prefix_caching=not args.no_prefix_caching),
-        parallel=ParallelConfig(pp=args.pp, tp=args.tp),
+        parallel=ParallelConfig(pp=args.pp, tp=args.tp, layer_split=args.layer_split),
         server=ServerConfig(
             host=args.host,
             port=args.port,

@@ -18,12 +18,20 @@ class ParallelConfig:
     """Pipeline stages (one node each in a cluster)."""
     tp: int = 1
     """Tensor-parallel ranks per stage (GPUs per node)."""
+    layer_split: tuple[int, ...] = ()
+    """Decoder layers per stage, stage 0 first; empty: the workers' default split, which gives
+    the LM head's stage fewer layers (stage_worker/layer_split.py). Its sum is checked by the
+    workers, which read the model's config.json."""
 
     def __post_init__(self) -> None:
         if self.pp < 1:
             raise ConfigError("pp", self.pp, "at least 1")
         if self.tp < 1:
             raise ConfigError("tp", self.tp, "at least 1")
+        if self.layer_split and (len(self.layer_split) != self.pp or min(self.layer_split) < 1):
+            raise ConfigError(
+                "layer_split", self.layer_split, f"empty or {self.pp} counts of at least 1 (pp)"
+            )
 
     @property
     def world_size(self) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from stage_worker.errors import CheckpointError
+from stage_worker.layer_split import stage_layers
 
 # architectures value in config.json -> our model family
 ARCHITECTURES = {
@@ -215,6 +216,8 @@ class ShardSpec:
     tp: int
     stage: int
     tp_rank: int
+    layer_split: tuple[int, ...] = ()
+    """Layers per stage, stage 0 first; empty: the default split (stage_worker/layer_split.py)."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
@@ -237,13 +240,7 @@ class ShardSpec:
         return self.stage * self.tp + self.tp_rank
 
     def layer_range(self, spec: ModelSpec) -> range:
-        if spec.num_layers % self.pp:
-            raise CheckpointError(
-                f"config.json: num_hidden_layers={spec.num_layers} cannot be split into "
-                f"pp={self.pp} equal stages"
-            )
-        per_stage = spec.num_layers // self.pp
-        return range(self.stage * per_stage, (self.stage + 1) * per_stage)
+        return stage_layers(spec, self.pp, self.stage, self.layer_split)
 
     def check_heads(self, spec: ModelSpec) -> None:
         if spec.num_heads % self.tp:

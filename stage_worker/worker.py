@@ -324,16 +324,24 @@ class StageWorker:
         the distributed world is left first, so the next one can form)."""
         cfg = self.config
         assignment = self._handshake()
-        shard = ShardSpec(assignment.pp, assignment.tp, assignment.stage, assignment.tp_rank)
+        shard = ShardSpec(
+            assignment.pp,
+            assignment.tp,
+            assignment.stage,
+            assignment.tp_rank,
+            tuple(assignment.layer_split),
+        )
         self.shard = shard
         _LOG_TAG.tag = f"s{shard.stage}r{shard.tp_rank}"
-        logger.info(
-            "stage %d tp_rank %d of pp=%d tp=%d", shard.stage, shard.tp_rank, shard.pp, shard.tp
-        )
         # Refuse a model that cannot be split before joining (and holding up) the other ranks.
         spec = load_spec(cfg.model_dir)
         shard.check_heads(spec)
-        shard.layer_range(spec)
+        layers = shard.layer_range(spec)
+        logger.info(
+            "stage %d tp_rank %d of pp=%d tp=%d: layers %d..%d (%d of %d)",
+            shard.stage, shard.tp_rank, shard.pp, shard.tp,
+            layers.start, layers.stop - 1, len(layers), spec.num_layers,
+        )  # fmt: skip
         if assignment.socket_ifname:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", assignment.socket_ifname)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", assignment.socket_ifname)

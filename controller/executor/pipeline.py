@@ -158,6 +158,7 @@ class PipelineExecutor:
             tp=self.parallel.tp,
             dist_init_method=f"tcp://{dist_host}:{self.dist_port}",
             socket_ifname=self.socket_ifname,
+            layer_split=self.parallel.layer_split,
         )
         await self._send_quietly(info.identity, stage_pb2.ControllerMessage(assignment=assignment))
 

@@ -23,20 +23,22 @@ class WorkerHello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., model: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class WorkerAssignment(_message.Message):
-    __slots__ = ("stage", "tp_rank", "pp", "tp", "dist_init_method", "socket_ifname")
+    __slots__ = ("stage", "tp_rank", "pp", "tp", "dist_init_method", "socket_ifname", "layer_split")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     PP_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
     DIST_INIT_METHOD_FIELD_NUMBER: _ClassVar[int]
     SOCKET_IFNAME_FIELD_NUMBER: _ClassVar[int]
+    LAYER_SPLIT_FIELD_NUMBER: _ClassVar[int]
     stage: int
     tp_rank: int
     pp: int
     tp: int
     dist_init_method: str
     socket_ifname: str
-    def __init__(self, stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp: _Optional[int] = ..., tp: _Optional[int] = ..., dist_init_method: _Optional[str] = ..., socket_ifname: _Optional[str] = ...) -> None: ...
+    layer_split: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pp: _Optional[int] = ..., tp: _Optional[int] = ..., dist_init_method: _Optional[str] = ..., socket_ifname: _Optional[str] = ..., layer_split: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias_token_ids", "logit_bias_values", "min_tokens", "stop_token_ids", "prompt_token_ids", "output_token_ids", "grammar", "prompt_logprobs")

@@ -1,5 +1,7 @@
 """`sarathictl up --local --pp 2 --tp 2` on a tiny random model, checked over gRPC.
 
+Its 4 layers are split 3/1 (`--layer-split`): the oracle tests then check an uneven pipeline.
+
 One cluster for the module (5 processes on a 2-core machine take a while to start); each test
 asserts what a client of the API would notice.
 """
@@ -32,6 +34,7 @@ class RunningCluster:
     addr: str
     model_dir: Path
     channel: grpc.Channel
+    log_dir: Path
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
@@ -72,6 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
             sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", "2", "--tp", "2",
             "--model", str(model_dir), "--port", str(port), "--budget", "64",
             "--kv-cache-mb", "16", "--log-dir", str(log_dir), "--dtype", "float32",
+            "--layer-split", "3,1",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -90,7 +94,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
             pass
         assert time.monotonic() < deadline, "cluster did not become healthy"
         time.sleep(0.5)
-    yield RunningCluster(proc, addr, model_dir, channel)
+    yield RunningCluster(proc, addr, model_dir, channel, log_dir)
     channel.close()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -211,6 +215,13 @@ def test_status_shows_every_stage_with_its_ranks(cluster: RunningCluster) -> Non
     assert status.scheduler.policy == "sarathi" and status.scheduler.pipeline_depth == 2
     assert status.scheduler.tensor_parallel == 2
     assert all(s.step_time_p50_s > 0 for s in status.stages)  # earlier tests ran steps
+
+
+def test_each_stage_holds_the_layers_of_the_split(cluster: RunningCluster) -> None:
+    for stage, layers in [(0, "layers 0..2 (3 of 4)"), (1, "layers 3..3 (1 of 4)")]:
+        for rank in (0, 1):
+            log = (cluster.log_dir / f"stage{stage}-rank{rank}.log").read_text()
+            assert layers in log, log[-2000:]
 
 
 def test_status_command_prints_a_table_and_json(cluster: RunningCluster) -> None:

@@ -59,6 +59,8 @@ class LocalClusterConfig:
     """Pipeline stages, one process each per TP rank."""
     tp: int = 1
     """Tensor-parallel ranks per stage."""
+    layer_split: tuple[int, ...] = ()
+    """Decoder layers per stage; empty: the workers' default (the LM head's stage gets fewer)."""
     policy: str = "sarathi"
     """Batching policy."""
     budget_tokens: int = LOCAL_BUDGET_TOKENS
@@ -97,6 +99,10 @@ class LocalClusterConfig:
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
             raise ValueError(f"pp and tp must be at least 1, got pp={self.pp} tp={self.tp}")
+        if self.layer_split and len(self.layer_split) != self.pp:
+            raise ValueError(
+                f"layer_split={self.layer_split} needs one count per stage (pp={self.pp})"
+            )
         if not (Path(self.model_dir) / "config.json").is_file():
             raise ValueError(f"model_dir={self.model_dir!r} has no config.json")
         check_device(self.device)
@@ -132,11 +138,13 @@ class LocalCluster:
         self.log_dir = Path(cfg.log_dir or _temp_log_dir())
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_worker), PYTHONUNBUFFERED="1")
+        split = ",".join(map(str, cfg.layer_split))
         self._spawn(
             "controller",
             [
                 "-m", "controller", "--model", cfg.model_dir, "--pp", str(cfg.pp),
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
+                *(["--layer-split", split] if split else []),
                 "--port", str(self.port), "--control-addr", control,
                 *(["--http-port", str(self.http_port)] if self.http_port else []),
                 *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []),

@@ -38,12 +38,13 @@ def make_runners(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     cuda_graphs: bool = False,
+    layer_split: tuple[int, ...] = (),
 ) -> list[StageRunner]:
     spec = load_spec(model_dir)
     reader = CheckpointReader(model_dir)
     runners = []
     for stage in range(pp):
-        shard = ShardSpec(pp=pp, tp=1, stage=stage, tp_rank=0)
+        shard = ShardSpec(pp=pp, tp=1, stage=stage, tp_rank=0, layer_split=layer_split)
         model = build_stage(spec, shard, TPGroup(), device, dtype, reader)
         cache = KVCache(
             len(model.layers),

@@ -25,11 +25,18 @@ def copy_checkpoint(src: Path, dst: Path) -> Path:
     return dst
 
 
-def build(model_dir: Path, pp: int = 1, tp: int = 1, stage: int = 0, rank: int = 0) -> None:
+def build(
+    model_dir: Path,
+    pp: int = 1,
+    tp: int = 1,
+    stage: int = 0,
+    rank: int = 0,
+    layer_split: tuple[int, ...] = (),
+) -> None:
     from stage_worker.models import build_stage
 
     reader = CheckpointReader(model_dir)
-    shard = ShardSpec(pp=pp, tp=tp, stage=stage, tp_rank=rank)
+    shard = ShardSpec(pp=pp, tp=tp, stage=stage, tp_rank=rank, layer_split=layer_split)
     build_stage(load_spec(model_dir), shard, TPGroup(tp, rank), "cpu", torch.float32, reader)
 
 
@@ -68,9 +75,18 @@ def test_wrong_shape_names_tensor_and_both_shapes(
         build(model_dir)
 
 
-def test_layers_not_divisible_by_pp_are_refused(tiny_checkpoint: Callable[[str], Path]) -> None:
-    with pytest.raises(CheckpointError, match="num_hidden_layers=6 cannot be split into pp=4"):
-        build(tiny_checkpoint("llama"), pp=4)
+def test_fewer_layers_than_stages_are_refused(tiny_checkpoint: Callable[[str], Path]) -> None:
+    with pytest.raises(CheckpointError, match="num_hidden_layers=6 is fewer than pp=7"):
+        build(tiny_checkpoint("llama"), pp=7)
+
+
+@pytest.mark.parametrize("split", [(3, 2), (4, 2, 0), (7, -1)])
+def test_a_layer_split_that_does_not_fit_the_model_is_refused(
+    tiny_checkpoint: Callable[[str], Path], split: tuple[int, ...]
+) -> None:
+    pp = len(split)
+    with pytest.raises(CheckpointError, match=r"--layer-split .*num_hidden_layers=6"):
+        build(tiny_checkpoint("llama"), pp=pp, layer_split=split)
 
 
 def test_heads_not_divisible_by_tp_are_refused(tiny_checkpoint: Callable[[str], Path]) -> None:

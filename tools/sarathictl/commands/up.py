@@ -12,7 +12,7 @@ from pathlib import Path
 
 from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
-from sarathictl.argtypes import device, float_in, int_at_least, port
+from sarathictl.argtypes import comma_list, device, float_in, int_at_least, port
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker.models import DTYPES
 
@@ -48,6 +48,13 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     positive = int_at_least(1)
     p.add_argument("--pp", type=positive, default=2, help="pipeline stages")
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
+    p.add_argument(
+        "--layer-split",
+        type=comma_list(positive, allow_empty=True),
+        default=(),
+        help="decoder layers per stage, e.g. 17,13 (default: the workers' split, which gives "
+        "the LM head's stage fewer layers)",
+    )
     p.add_argument("--policy", default="sarathi", choices=policy_names(), help="batching policy")
     p.add_argument(
         "--budget",
@@ -92,6 +99,7 @@ def cluster_config(
         model_dir=resolve_model(args.model),
         pp=args.pp,
         tp=args.tp,
+        layer_split=args.layer_split,
         policy=args.policy,
         budget_tokens=args.budget,
         port=port,
