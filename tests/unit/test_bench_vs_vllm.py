@@ -195,12 +195,35 @@ def test_runs_saved_apart_report_together(tmp_path: Path) -> None:
 def test_ours_takes_extra_up_flags_under_a_label_of_its_own() -> None:
     from bench_vs_vllm.servers import sarathi_spec
 
-    plain = sarathi_spec(Path("sarathictl"), Path("/m/demo"), 8200)
+    plain = sarathi_spec(Path("sarathictl"), Path("/m/demo"), 8200, "float32")
     assert plain.name == "sarathi" and "--budget" not in plain.command
+    assert "--no-prefix-caching" not in plain.command  # on, as ours ships
     timed = sarathi_spec(
-        Path("sarathictl"), Path("/m/demo"), 8200, 256, ("--time-budget", "0.05"), "time"
-    )
+        Path("sarathictl"), Path("/m/demo"), 8200, "float32", True, 256,
+        ("--time-budget", "0.05"), "time",
+    )  # fmt: skip
     assert timed.name == "sarathi-time"  # its results never overwrite the plain runs
     assert timed.command[-4:] == ["--budget", "256", "--time-budget", "0.05"]
     with pytest.raises(ValueError, match="label"):
-        sarathi_spec(Path("sarathictl"), Path("/m/demo"), 8200, 0, ("--time-budget", "0.05"))
+        sarathi_spec(
+            Path("sarathictl"), Path("/m/demo"), 8200, "float32", True, 0, ("--time-budget", "0")
+        )
+
+
+def test_the_systems_run_with_their_defaults_and_the_same_dtype() -> None:
+    from bench_vs_vllm.__main__ import parse_args, server_spec
+
+    args = parse_args(["--systems", "vllm,vllm-pp2,sarathi,sarathi-pp1", "--dtype", "float32"])
+    specs = {s: server_spec(s, args) for s in args.system_list}
+    assert [s.name for s in specs.values()] == ["vllm", "vllm-pp2", "sarathi", "sarathi-pp1"]
+    for spec in specs.values():
+        assert spec.command[spec.command.index("--dtype") + 1] == "float32"
+        assert "--no-enable-prefix-caching" not in spec.command
+        assert "--no-prefix-caching" not in spec.command
+    pp2 = specs["vllm-pp2"]
+    assert pp2.command[pp2.command.index("--pipeline-parallel-size") + 1] == "2"
+    assert "|" in pp2.env["VLLM_CPU_OMP_THREADS_BIND"]  # one core set per stage
+    assert specs["sarathi-pp1"].command[-2:] == ["--pp", "1"]
+    off = parse_args(["--systems", "vllm,sarathi", "--no-prefix-caching"])
+    assert "--no-enable-prefix-caching" in server_spec("vllm", off).command
+    assert "--no-prefix-caching" in server_spec("sarathi", off).command

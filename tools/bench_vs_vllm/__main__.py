@@ -24,6 +24,7 @@ from bench_vs_vllm.client import (
     BenchError,
     Workload,
     bench_command,
+    prefix_workload,
     random_workload,
     rate_flag,
     run_bench,
@@ -45,8 +46,11 @@ from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving
 TOOLS = Path(__file__).resolve().parent.parent
 REPO = TOOLS.parent
 TRACE = TOOLS / "sarathictl" / "bench" / "traces" / "splitwise_conv.csv"
-SYSTEMS = ("vllm", "sarathi")
-WORKLOADS = ("random", "conversation")
+SYSTEMS = ("vllm", "vllm-pp2", "sarathi", "sarathi-pp1")
+"""vLLM's single process and its pipeline (PP=2, a core a stage); ours with up's default layout
+and as one stage with every core."""
+WORKLOADS = ("random", "conversation", "prefix")
+DTYPES = ("auto", "bfloat16", "float32")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,10 +59,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results", type=Path, default=REPO / "bench-results/vs-vllm")
     p.add_argument("--rates", default="0.25,0.5,0.75,1,1.5,inf", help="req/s, comma-separated")
     p.add_argument("--num-prompts", type=int, default=12, help="requests per rate")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="vllm,sarathi or one of them")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="random,conversation")
+    p.add_argument("--systems", default="vllm,sarathi", help=f"some of {','.join(SYSTEMS)}")
+    p.add_argument(
+        "--workloads", default="random,conversation", help=f"some of {','.join(WORKLOADS)}"
+    )
     p.add_argument("--random-input-len", type=int, default=512)
     p.add_argument("--random-output-len", type=int, default=128)
+    p.add_argument(
+        "--prefix",
+        default="4,512,64,64",
+        help="the prefix workload: NUM_PREFIXES,PREFIX_LEN,SUFFIX_LEN,OUTPUT_LEN",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="both systems' dtype (auto: bfloat16 where the CPU computes it natively, "
+        "AVX512-BF16 or AMX, as ours picks; else float32)",
+    )
     p.add_argument("--trace", type=Path, default=TRACE, help="conversation trace CSV")
     p.add_argument(
         "--trace-scale",
@@ -81,11 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-port", type=int, default=8100)
     p.add_argument("--sarathi-port", type=int, default=8200)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1)
-    p.add_argument("--vllm-cpus", default="", help="VLLM_CPU_OMP_THREADS_BIND (default: all)")
     p.add_argument(
-        "--vllm-prefix-caching",
+        "--no-prefix-caching",
         action="store_true",
-        help="leave vLLM's prefix cache on (off by default: ours has none; see servers.py)",
+        help="both systems' prefix caches off (on by default, as both ship)",
     )
     p.add_argument(
         "--slo-factors",
@@ -103,7 +120,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rate_list = parse_rates(args.rates)
     args.system_list = _names(args.systems, SYSTEMS, "--systems")
     args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
+    args.dtype = native_dtype() if args.dtype == "auto" else args.dtype
     return args
+
+
+def native_dtype() -> str:
+    """bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32: the rule
+    of ours' `--dtype auto`, which vLLM gets too so that both compute the same way."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if "avx512_bf16" in flags or "amx_bf16" in flags else "float32"
 
 
 def parse_rates(text: str) -> list[float]:
@@ -135,6 +163,9 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
     for name in args.workload_list:
         if name == "random":
             workloads.append(random_workload(args.random_input_len, args.random_output_len))
+        elif name == "prefix":
+            num, prefix, suffix, output = (int(v) for v in args.prefix.split(","))
+            workloads.append(prefix_workload(prefix, suffix, num, output))
         else:
             jsonl = args.results / "datasets" / "conversation.jsonl"
             rows = write_trace_dataset(
@@ -153,15 +184,19 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
 
 
 def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
-    if system == "vllm":
-        cpus = args.vllm_cpus or f"0-{(os.cpu_count() or 1) - 1}"
+    caching = not args.no_prefix_caching
+    if system.startswith("vllm"):
         return vllm_spec(
             args.vllm_bin, args.model, args.model.name, args.vllm_port,
-            args.vllm_kv_cache_gib, cpus, args.vllm_prefix_caching,
+            args.vllm_kv_cache_gib, args.dtype, caching, pp=2 if system == "vllm-pp2" else 1,
         )  # fmt: skip
+    extra = tuple(shlex.split(args.sarathi_args))
+    label = args.sarathi_label
+    if system == "sarathi-pp1":
+        extra, label = ("--pp", "1", *extra), "-".join(filter(None, ("pp1", label)))
     return sarathi_spec(
-        args.sarathictl, args.model, args.sarathi_port, args.sarathi_budget,
-        tuple(shlex.split(args.sarathi_args)), args.sarathi_label,
+        args.sarathictl, args.model, args.sarathi_port, args.dtype, caching,
+        args.sarathi_budget, extra, label,
     )  # fmt: skip
 
 
@@ -270,7 +305,9 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         f"# vLLM side by side ({meta['date']})\n\n"
         f"Machine: {meta['machine']}; load average before/after: {meta['load_before']} / "
         f"{meta['load_after']}. vLLM {meta['vllm_version']}; {args.num_prompts} requests per "
-        f"rate; wall time {meta['wall_s']:.0f} s.\n\n"
+        f"rate; both in {meta.get('dtype', 'bfloat16')}, prefix caching "
+        f"{'on' if meta.get('prefix_caching', False) else 'off'}; wall time "
+        f"{meta['wall_s']:.0f} s.\n\n"
         + markdown_table(rows)
         + "\n\nCapacity: the highest rate with P99 TBT (ITL) within the SLO and median TTFT "
         f"within {MAX_MEDIAN_TTFT_S:g} s, every lower rate passing too. SLOs: "
@@ -328,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model / "config.json").is_file():
         say(f"no model at {args.model}: run `sarathictl model prepare-demo` first")
         return 2
-    tools = [args.vllm_bin] + ([args.sarathictl] if "sarathi" in args.system_list else [])
+    ours = any(s.startswith("sarathi") for s in args.system_list)
+    tools = [args.vllm_bin] + ([args.sarathictl] if ours else [])
     for tool in tools:
         if not os.access(tool, os.X_OK):
             say(f"{tool} is missing or not executable (install_vllm.sh / make install)")
@@ -345,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(args.model),
         "rates": [rate_flag(r) for r in args.rate_list],
         "num_prompts": args.num_prompts,
+        "dtype": args.dtype,
+        "prefix_caching": not args.no_prefix_caching,
     }
     workloads = build_workloads(args)
     progress = [0, len(args.system_list) * len(workloads) * len(args.rate_list)]

@@ -29,6 +29,23 @@ def random_workload(input_len: int, output_len: int) -> Workload:
     )  # fmt: skip
 
 
+def prefix_workload(
+    prefix_len: int, suffix_len: int, num_prefixes: int, output_len: int
+) -> Workload:
+    """vLLM's prefix_repetition dataset: every prompt one of `num_prefixes` shared prefixes and a
+    suffix of its own, as a chat product's system prompts are."""
+    return Workload(
+        f"prefix-{num_prefixes}x{prefix_len}-{suffix_len}-{output_len}",
+        [
+            "--dataset-name", "prefix_repetition",
+            "--prefix-repetition-prefix-len", str(prefix_len),
+            "--prefix-repetition-suffix-len", str(suffix_len),
+            "--prefix-repetition-num-prefixes", str(num_prefixes),
+            "--prefix-repetition-output-len", str(output_len),
+        ],
+    )  # fmt: skip
+
+
 def trace_workload(name: str, jsonl: Path) -> Workload:
     """The trace's lengths; arrivals drawn at the asked rate, not the trace's own."""
     return Workload(

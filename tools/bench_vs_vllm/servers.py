@@ -39,52 +39,62 @@ def vllm_spec(
     served_name: str,
     port: int,
     kv_cache_gib: int,
-    cpus: str,
-    prefix_caching: bool = False,
+    dtype: str,
+    prefix_caching: bool = True,
+    pp: int = 1,
 ) -> ServerSpec:
-    """`vllm serve` in bf16 on the CPU, its OpenMP threads bound to `cpus`, none reserved.
-
-    Prefix caching is off unless asked: ours has none, and the benchmark's prompts are meant to
-    share nothing, yet vLLM's random-dataset prompts (runs of consecutive vocabulary ids,
-    decoded and encoded again) hit its cache: 27% to 62% of prompt tokens in a first run here,
-    which measured the cache, not the serving."""
+    """`vllm serve` on the CPU with its defaults but for the dtype (the one ours runs), no CPU
+    reserved, and its KV cache size. PP=1 binds its OpenMP threads to every core; `pp` > 1 runs
+    its pipeline (the `mp` executor over gloo), one core per stage (VLLM_CPU_OMP_THREADS_BIND
+    "0|1"), the layout ours has by default. Prefix caching is on, as by default, unless asked."""
+    cores = os.cpu_count() or 1
+    if pp > 1 and cores < pp:
+        raise ServerError(f"vLLM with -pp {pp} needs {pp} cores, this machine has {cores}")
+    per_stage = cores // pp
+    cpus = "|".join(f"{s * per_stage}-{(s + 1) * per_stage - 1}" for s in range(pp))
     command = [
         str(vllm_bin), "serve", str(model),
-        "--dtype", "bfloat16",
+        "--dtype", dtype,
         "--served-model-name", served_name,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
     ]  # fmt: skip
+    if pp > 1:
+        command += ["--pipeline-parallel-size", str(pp), "--distributed-executor-backend", "mp"]
     env = {
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_OMP_THREADS_BIND": cpus,
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
     }
-    return ServerSpec("vllm", command, port, env)
+    return ServerSpec("vllm" if pp == 1 else f"vllm-pp{pp}", command, port, env)
 
 
 def sarathi_spec(
     sarathictl: Path,
     model: Path,
     port: int,
+    dtype: str,
+    prefix_caching: bool = True,
     budget: int = 0,
     extra_args: tuple[str, ...] = (),
     label: str = "",
 ) -> ServerSpec:
-    """`sarathictl up --local` with its default layout, bf16, the OpenAI API on `port`. The
-    served model name is the folder's name (as vLLM's --served-model-name is set to). A
-    `budget` other than 0 replaces up's default token budget and names the system after it;
-    `extra_args` go to `up` as they are, and `label` names such a system (sarathi-LABEL)."""
+    """`sarathictl up --local` with its default layout, the OpenAI API on `port`. The served
+    model name is the folder's name (as vLLM's --served-model-name is set to). A `budget` other
+    than 0 replaces up's default token budget and names the system after it; `extra_args` go to
+    `up` as they are, and `label` names such a system (sarathi-LABEL)."""
     command = [
         str(sarathictl), "up", "--local",
         "--model", str(model),
-        "--dtype", "bfloat16",
+        "--dtype", dtype,
         "--port", "0",  # gRPC on any free port: the benchmark uses only HTTP
         "--http-port", str(port),
         "--no-restart",  # a worker that dies fails the run instead of hiding in it
     ]  # fmt: skip
+    if not prefix_caching:
+        command.append("--no-prefix-caching")
     name = "sarathi"
     if budget:
         command += ["--budget", str(budget)]
