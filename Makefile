@@ -122,3 +122,11 @@ helm: install $(HELM)
 # Re-renders k8s/*.yaml from the chart (run after changing the chart or its ci/ values).
 k8s-manifests: install $(HELM)
 	$(PY) tools/k8s_manifests.py
+
+# The CPU image (docker/cpu.Dockerfile) built here with buildah (a debootstrap base; no Docker
+# engine or registry needed; root), then served from inside a container of it at PP 2 as uid 1000:
+# "Paris" over HTTP and gRPC, the C kernels import (tools/build_images.sh, tools/image_smoke.py).
+# Not part of `make test`: the first build takes about 6 minutes on a 2-core machine.
+.PHONY: images
+images:
+	tools/build_images.sh

@@ -3,12 +3,18 @@
 # `helm test` pod, and the demo model (SmolLM2-135M-Instruct) the Helm chart serves by default.
 # Build from the repository root (not built in this repository's CI: no Docker engine there):
 #   docker build -f docker/cpu.Dockerfile -t ghcr.io/sarathi-cluster/sarathi-cluster:0.1.0-cpu .
+# Without a Docker engine, `make images` (tools/build_images.sh) builds it with buildah and runs
+# the demo from inside the image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS base
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # The range pyproject.toml declares and `make check-torch-range` tests.
 ARG TORCH_SPEC="torch>=2.6,<2.14"
+# More pip arguments for the torch step, e.g. `--find-links /opt/wheels` with TORCH_INDEX set to
+# PyPI and TORCH_SPEC=torch==2.13.0+cpu where the PyTorch index cannot be reached
+# (tools/build_images.sh passes these for a local build).
+ARG TORCH_PIP_ARGS=""
 
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
@@ -25,7 +31,7 @@ RUN apt-get update \
     && useradd --uid 1000 --create-home --home-dir /home/sarathi sarathi
 
 # The CPU build of torch first: a bare `torch` from PyPI would pull the multi-GB CUDA build.
-RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+RUN pip install --index-url "${TORCH_INDEX}" ${TORCH_PIP_ARGS} "${TORCH_SPEC}"
 
 # The wheel, with the C kernels compiled here (stage_worker/csrc, setup.py): the final image
 # has no compiler, and SARATHI_REQUIRE_KERNELS=1 makes a kernel that does not build fail the
