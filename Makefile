@@ -73,13 +73,16 @@ VLLM_VENV ?= .venv-vllm
 VS_VLLM_RESULTS ?= bench-results/vs-vllm
 VS_VLLM_RATES ?= 0.25,0.5,0.75,1,1.5,inf
 VS_VLLM_PROMPTS ?= 12
+# vLLM's single process and its pipeline, ours as up lays it out and as one stage on every core.
+VS_VLLM_SYSTEMS ?= vllm,vllm-pp2,sarathi,sarathi-pp1
+VS_VLLM_WORKLOADS ?= random,conversation,prefix
 VS_VLLM_ARGS ?=
 bench-vs-vllm: install
 	tools/bench_vs_vllm/install_vllm.sh $(VLLM_VENV) $(PYTHON)
 	$(VENV)/bin/sarathictl model prepare-demo
 	PYTHONPATH=tools $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
-	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) \
-	  --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
+	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) --systems $(VS_VLLM_SYSTEMS) \
+	  --workloads $(VS_VLLM_WORKLOADS) --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
 
 # lm-evaluation-harness against our cluster and against its own hf model on the same weights
 # (issue 22, item 7): a venv of its own, two small local tasks, float32, scores compared.
