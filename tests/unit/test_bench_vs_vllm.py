@@ -14,6 +14,8 @@ from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))  # bench_vs_vllm is a folder there, not installed
 
+import itertools
+
 from bench_vs_vllm.client import bench_command, trace_workload
 from bench_vs_vllm.dataset import (
     TraceRequest,
@@ -227,3 +229,22 @@ def test_the_systems_run_with_their_defaults_and_the_same_dtype() -> None:
     off = parse_args(["--systems", "vllm,sarathi", "--no-prefix-caching"])
     assert "--no-enable-prefix-caching" in server_spec("vllm", off).command
     assert "--no-prefix-caching" in server_spec("sarathi", off).command
+
+
+def test_each_turn_of_a_chat_resends_the_last_and_chats_share_nothing() -> None:
+    from bench_vs_vllm.dataset import MultiTurn, multi_turn_lines
+
+    chats = MultiTurn(conversations=3, turns=3, first_tokens=32, question_tokens=16,
+                      output_tokens=16)  # fmt: skip
+    entries = [json.loads(line) for line in multi_turn_lines(chats)]
+    assert len(entries) == 9
+    by_chat = [entries[c::3] for c in range(3)]  # sent turn by turn: every chat's turn 1 first
+    for turns in by_chat:
+        assert [e["input_length"] for e in turns] == [32, 64, 96]
+        for before, after in itertools.pairwise(turns):
+            assert after["hash_ids"][: len(before["hash_ids"])] == before["hash_ids"]
+        assert all(len(e["hash_ids"]) * 16 == e["input_length"] for e in turns)
+    ids = [set(turns[-1]["hash_ids"]) for turns in by_chat]
+    assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
+    with pytest.raises(ValueError, match="first_tokens=20"):
+        MultiTurn(first_tokens=20)

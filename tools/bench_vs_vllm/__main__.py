@@ -30,7 +30,7 @@ from bench_vs_vllm.client import (
     run_bench,
     trace_workload,
 )
-from bench_vs_vllm.dataset import write_trace_dataset
+from bench_vs_vllm.dataset import MultiTurn, write_multi_turn_dataset, write_trace_dataset
 from bench_vs_vllm.plot import plot
 from bench_vs_vllm.results import (
     MAX_MEDIAN_TTFT_S,
@@ -49,8 +49,13 @@ TRACE = TOOLS / "sarathictl" / "bench" / "traces" / "splitwise_conv.csv"
 SYSTEMS = ("vllm", "vllm-pp2", "sarathi", "sarathi-pp1")
 """vLLM's single process and its pipeline (PP=2, a core a stage); ours with up's default layout
 and as one stage with every core."""
-WORKLOADS = ("random", "conversation", "prefix")
+WORKLOADS = ("random", "conversation", "prefix", "multiturn")
 DTYPES = ("auto", "bfloat16", "float32")
+CLIENT_ENV = {"VLLM_TARGET_DEVICE": "cpu", "PYTHONHASHSEED": "0"}
+"""The client's environment. The target device: without it vLLM's CPU wheel guesses its
+platform and, on a CPU without AVX-512, dies of an illegal instruction before it sends a
+request. The hash seed: the timed_trace dataset draws a chunk's tokens from Python's hash() of
+its id, so both systems get the same prompts only with a fixed seed."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prefix",
         default="4,512,64,64",
         help="the prefix workload: NUM_PREFIXES,PREFIX_LEN,SUFFIX_LEN,OUTPUT_LEN",
+    )
+    p.add_argument(
+        "--multiturn",
+        default="4,4,256,64,64",
+        help="the multiturn workload: CHATS,TURNS,FIRST_LEN,QUESTION_LEN,OUTPUT_LEN (lengths "
+        "multiples of 16); its requests per rate are CHATS x TURNS, not --num-prompts",
     )
     p.add_argument(
         "--dtype",
@@ -163,6 +174,12 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
     for name in args.workload_list:
         if name == "random":
             workloads.append(random_workload(args.random_input_len, args.random_output_len))
+        elif name == "multiturn":
+            c, t, first, question, output = (int(v) for v in args.multiturn.split(","))
+            chats = MultiTurn(c, t, first, question, output)
+            jsonl = args.results / "datasets" / "multiturn.jsonl"
+            say(f"{chats.name}: {write_multi_turn_dataset(chats, jsonl)} requests ({jsonl})")
+            workloads.append(trace_workload(chats.name, jsonl, c * t))
         elif name == "prefix":
             num, prefix, suffix, output = (int(v) for v in args.prefix.split(","))
             workloads.append(prefix_workload(prefix, suffix, num, output))
@@ -209,9 +226,9 @@ def run_one(args: argparse.Namespace, spec: ServerSpec, workload: Workload, rate
     out.unlink(missing_ok=True)
     command = bench_command(
         args.vllm_bin, spec.base_url, args.model.name, args.model, workload, rate,
-        args.num_prompts, args.seed, out,
+        workload.num_prompts or args.num_prompts, args.seed, out,
     )  # fmt: skip
-    run_bench(command, out.with_suffix(".log"), {"VLLM_TARGET_DEVICE": "cpu"})
+    run_bench(command, out.with_suffix(".log"), CLIENT_ENV)
     return load_row(out, spec.name, workload.name)
 
 
@@ -222,7 +239,7 @@ def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:
         args.vllm_bin, spec.base_url, args.model.name, args.model, random_workload(64, 8),
         math.inf, 4, args.seed, None,
     )  # fmt: skip
-    run_bench(command, args.results / "logs" / f"{spec.name}-warmup.log", {})
+    run_bench(command, args.results / "logs" / f"{spec.name}-warmup.log", CLIENT_ENV)
 
 
 def run_system(

@@ -16,6 +16,8 @@ class Workload:
     name: str
     dataset_args: list[str]
     """The --dataset-name and its options."""
+    num_prompts: int = 0
+    """Requests per run when the dataset fixes them (multi-turn chats); 0: --num-prompts."""
 
 
 def random_workload(input_len: int, output_len: int) -> Workload:
@@ -46,11 +48,12 @@ def prefix_workload(
     )  # fmt: skip
 
 
-def trace_workload(name: str, jsonl: Path) -> Workload:
-    """The trace's lengths; arrivals drawn at the asked rate, not the trace's own."""
+def trace_workload(name: str, jsonl: Path, num_prompts: int = 0) -> Workload:
+    """The trace's lengths, in its order; arrivals drawn at the asked rate, not the trace's own."""
     return Workload(
         name,
         ["--dataset-name", "timed_trace", "--dataset-path", str(jsonl), "--no-self-timed"],
+        num_prompts,
     )
 
 

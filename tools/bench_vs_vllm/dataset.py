@@ -1,4 +1,5 @@
-"""The conversation trace as a dataset `vllm bench serve` reads: its `timed_trace` JSONL.
+"""The conversation trace, and multi-turn chats, as datasets `vllm bench serve` reads: its
+`timed_trace` JSONL.
 
 Each line is one request: `input_length` prompt tokens, `output_length` tokens to generate, and
 `hash_ids`, one id per `chunk` prompt tokens, from which vLLM's client draws the prompt's token
@@ -97,3 +98,63 @@ def write_trace_dataset(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(timed_trace_lines(rows)) + "\n")
     return rows
+
+
+@dataclass(frozen=True)
+class MultiTurn:
+    """Chats whose every turn resends the history: the first turn `first_tokens` (a system prompt
+    and a question), then each turn the previous prompt, its answer (`output_tokens`, the length
+    asked of the model) and a new question (`question_tokens`). Lengths are whole chunks, so a
+    turn's prompt starts with exactly the previous turn's hash ids."""
+
+    conversations: int = 4
+    turns: int = 4
+    first_tokens: int = 256
+    question_tokens: int = 64
+    output_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("first_tokens", "question_tokens", "output_tokens"):
+            if getattr(self, name) % CHUNK_TOKENS or getattr(self, name) < CHUNK_TOKENS:
+                raise ValueError(f"{name}={getattr(self, name)}: a multiple of {CHUNK_TOKENS}")
+
+    @property
+    def name(self) -> str:
+        return f"multiturn-{self.conversations}x{self.turns}"
+
+
+def multi_turn_lines(chats: MultiTurn) -> list[str]:
+    """The turns in the order they are sent: every chat's first turn, then every chat's second,
+    and so on, so that a chat's next turn comes a few requests after its last (a user reading
+    the answer). No chat shares an id with another."""
+    next_id = 0
+
+    def fresh(tokens: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + tokens // CHUNK_TOKENS))
+        next_id += len(ids)
+        return ids
+
+    history = [fresh(chats.first_tokens) for _ in range(chats.conversations)]
+    lines = []
+    for turn in range(chats.turns):
+        for chat in range(chats.conversations):
+            if turn:
+                history[chat] = history[chat] + fresh(chats.output_tokens)
+                history[chat] = history[chat] + fresh(chats.question_tokens)
+            entry = {
+                "timestamp": 0.0,
+                "input_length": len(history[chat]) * CHUNK_TOKENS,
+                "output_length": chats.output_tokens,
+                "hash_ids": history[chat],
+            }
+            lines.append(json.dumps(entry))
+    return lines
+
+
+def write_multi_turn_dataset(chats: MultiTurn, out: Path) -> int:
+    """Writes the JSONL; returns the number of requests."""
+    lines = multi_turn_lines(chats)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return len(lines)
