@@ -158,6 +158,9 @@ def test_winner_values_validate_against_the_chart(tmp_path: Path) -> None:
     values = yaml.safe_load(values_yaml(winner, "falcon-180b", "test"))
     assert values["tp"] == 4 and values["pp"] == 2 and values["pipelines"] == 2
     assert values["scheduler"]["budgetTokens"] == 512
+    assert values["scheduler"]["prefixCaching"] is True
+    off = yaml.safe_load(values_yaml(winner, "falcon-180b", "test", prefix_caching=False))
+    assert off["scheduler"]["prefixCaching"] is False
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     merged = {**defaults, **{k: v for k, v in values.items() if not isinstance(v, dict)}}
     for key, sub in values.items():

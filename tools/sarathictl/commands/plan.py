@@ -96,6 +96,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g.add_argument("--max-num-seqs", type=int_at_least(1), default=128)
     g.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="price the workload with the prefix cache off, and write prefixCaching: false to "
+        "--values (default: on, as served)",
+    )
+    g.add_argument(
         "--granularity",
         type=float_in(0.0, 1.0, lo_open=True, hi_open=True),
         default=0.05,
@@ -160,6 +166,7 @@ def plan(args: argparse.Namespace, started: float) -> dict[str, Any]:
         granularity=args.granularity,
         max_num_seqs=args.max_num_seqs,
         target_qps=args.target_qps,
+        prefix_caching=not args.no_prefix_caching,
     )
     candidates, skipped = candidates_for(base, cluster, layouts, args.budgets, max_model_len)
     skipped = [Skipped(lay, 0, why) for lay, why in rejected] + skipped
@@ -192,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         if winner is None:
             say("[plan] no deployable layout serves the workload: no values written")
         else:
-            args.values.write_text(values_yaml(winner, cluster.model.name, summary))
+            caching = not args.no_prefix_caching
+            args.values.write_text(values_yaml(winner, cluster.model.name, summary, caching))
             say(f"[plan] wrote the Helm values of {winner.layout} to {args.values}")
     say(f"[plan] done in {wall_s:.1f} s")
     if args.json:

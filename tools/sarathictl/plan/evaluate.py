@@ -36,6 +36,8 @@ class Candidate:
     max_num_seqs: int = 128
     target_qps: float = 0.0
     """Rate the whole cluster must serve (0: none); shared over the replicas needed."""
+    prefix_caching: bool = True
+    """Price the workload with the controller's prefix cache on, as served by default."""
 
     def setup(self) -> SimSetup:
         return SimSetup(
@@ -49,6 +51,7 @@ class Candidate:
             policy="sarathi",
             budget_tokens=self.budget_tokens,
             max_num_seqs=self.max_num_seqs,
+            prefix_caching=self.prefix_caching,
             workload=self.workload,
         )
 

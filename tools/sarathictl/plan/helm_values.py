@@ -13,7 +13,7 @@ DEFAULT_MAX_NUM_SEQS = 128
 """The controller's default cap on running sequences, the one the simulator ran with."""
 
 
-def values_of(row: PlanRow, model_name: str) -> dict[str, Any]:
+def values_of(row: PlanRow, model_name: str, prefix_caching: bool = True) -> dict[str, Any]:
     pipelines = row.replicas_needed or row.replicas_max
     return {
         "pp": row.pp,
@@ -25,6 +25,7 @@ def values_of(row: PlanRow, model_name: str) -> dict[str, Any]:
             "policy": "sarathi",
             "budgetTokens": row.budget_tokens,
             "maxNumSeqs": min(DEFAULT_MAX_NUM_SEQS, row.budget_tokens),
+            "prefixCaching": prefix_caching,  # as the plan priced the workload
         },
         # Each stage on its own node, as planned: TP inside a node, PP across nodes.
         "stage": {"antiAffinity": "required" if row.pp > 1 else "preferred", "numThreads": 0},
@@ -43,14 +44,15 @@ def _yaml_lines(values: dict[str, Any], indent: str = "") -> list[str]:
     return lines
 
 
-def values_yaml(row: PlanRow, model_name: str, summary: str) -> str:
+def values_yaml(row: PlanRow, model_name: str, summary: str, prefix_caching: bool = True) -> str:
     header = [
         f"# Written by `sarathictl plan`: {summary}",
         f"# Winner: {row.layout}, budget {row.budget_tokens} tokens, "
         f"{row.capacity_per_replica_qps:.3g} req/s per replica (simulated).",
         "# Set model.path (and model.volume) to where your weights are.",
     ]
-    return "\n".join([*header, *_yaml_lines(values_of(row, model_name))]) + "\n"
+    values = values_of(row, model_name, prefix_caching)
+    return "\n".join([*header, *_yaml_lines(values)]) + "\n"
 
 
 def deployable_winner(rows: list[PlanRow]) -> PlanRow | None:
