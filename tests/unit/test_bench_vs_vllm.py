@@ -248,3 +248,16 @@ def test_each_turn_of_a_chat_resends_the_last_and_chats_share_nothing() -> None:
     assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
     with pytest.raises(ValueError, match="first_tokens=20"):
         MultiTurn(first_tokens=20)
+
+
+def test_a_server_left_on_the_port_stops_the_run_before_it_is_measured() -> None:
+    import socket
+
+    from bench_vs_vllm.servers import ServerError, ServerSpec, start
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {port} is taken"):
+            start(ServerSpec("x", ["true"], port), Path("/nonexistent/never-written.log"))

@@ -13,11 +13,13 @@ STYLES = {
     "vllm": ("tab:blue", "o"),
     "sarathi": ("tab:red", "s"),
     "sarathi-budget": ("tab:orange", "D"),
+    "sarathi-pp1": ("tab:purple", "v"),
+    "vllm-pp": ("tab:green", "o"),
 }
 
 
 def _style(system: str) -> tuple[str, str]:
-    """A system's colour and marker; `sarathi-budget<N>` shares one."""
+    """A system's colour and marker; `sarathi-budget<N>` share one, and so do `vllm-pp<N>`."""
     return STYLES.get(system.rstrip("0123456789"), ("tab:gray", "^"))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -112,7 +113,22 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def check_port_free(port: int) -> None:
+    """ServerError when something already listens on the port: the run would measure it (a
+    server left over from an interrupted run answers /health at once) instead of the new one."""
+    with socket.socket() as probe:
+        # As the servers bind: a closed connection's TIME_WAIT does not count as taken.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise ServerError(
+                f"port {port} is taken ({err}): stop what serves there first"
+            ) from None
+
+
 def start(spec: ServerSpec, log_path: Path) -> subprocess.Popen[bytes]:
+    check_port_free(spec.port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         return subprocess.Popen(

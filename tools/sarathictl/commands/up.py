@@ -38,6 +38,34 @@ def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
+def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str:
+    """What `up` runs and why, in a few lines: each choice it made rather than the user."""
+    cores = len(os.sched_getaffinity(0))
+    workers = config.pp * config.tp
+    lines = [f"layout: PP={config.pp} x TP={config.tp} on {cores} cores, {config.device}"]
+    if not args.threads:
+        lines.append(
+            f"  {config.threads_per_worker} torch thread(s) per worker: the cores shared out "
+            f"among {workers} worker(s) (--threads to choose)"
+        )
+    if args.dtype == "auto":
+        why = (
+            "a GPU" if config.device != "cpu"
+            else "this CPU computes bf16 natively" if config.dtype == "bfloat16"
+            else "this CPU has neither AVX512-BF16 nor AMX"
+        )  # fmt: skip
+        lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
+    if config.pp > 1 and not config.layer_split:
+        lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
+    if args.pp == 2 and config.device == "cpu":
+        lines.append(
+            "  PP=2: against one worker on every core it was ahead on shared prefixes, behind "
+            "on random prompts, and steadier in TPOT (BENCHMARKS.md, vLLM side by side, "
+            "session 9); --pp 1 gives one worker every core"
+        )
+    return "\n".join(lines)
+
+
 def threads_per_worker(num_workers: int) -> int:
     """This machine's cores (those this process may use) shared out among the workers."""
     return max(1, len(os.sched_getaffinity(0)) // num_workers)
@@ -211,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         extra += ("--step-log", args.step_log)
     config = dataclasses.replace(config, extra_controller_args=extra)
     cluster = LocalCluster(config)
+    print(describe_layout(config, args), file=sys.stderr)
     print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
     try:
         cluster.start()
