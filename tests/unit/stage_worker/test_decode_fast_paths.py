@@ -1,7 +1,10 @@
 """The decode fast paths compute what the general ones do: oneDNN-packed bf16 weights give
-bit-identical matmuls, and a decode-only step attends exactly as decodes mixed with a prefill."""
+bit-identical matmuls, packed float32 ones the same within rounding, and a decode-only step
+attends exactly as decodes mixed with a prefill."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -29,10 +32,35 @@ def test_packed_bf16_linear_is_bit_identical(tokens: int) -> None:
     assert torch.equal(layer(x), plain)
 
 
-def test_float32_weights_stay_plain() -> None:
+@pytest.fixture
+def threads() -> Iterator[Callable[[int], None]]:
+    """Sets torch's thread count for the test and puts it back after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_float32_weights_stay_plain_on_one_thread(threads: Callable[[int], None]) -> None:
+    threads(1)  # MKL's F.linear is the faster one there
     layer = ColumnParallelLinear(8, 4, "cpu", torch.float32)
     layer.pack()
     assert not layer.weight.is_mkldnn
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("tokens", [1, 4, 33])
+def test_float32_weights_are_packed_on_two_threads_and_compute_the_same(
+    threads: Callable[[int], None], tokens: int
+) -> None:
+    threads(2)  # MKL spreads no matmul of a few rows over threads; oneDNN does
+    gen = torch.Generator().manual_seed(tokens)
+    layer = ColumnParallelLinear(576, 1536, "cpu", torch.float32)
+    layer.load(torch.randn(1536, 576, generator=gen) * 0.02)
+    x = torch.randn(tokens, 576, generator=gen)  # [T, in]
+    plain = layer(x)  # [T, out]
+    layer.pack()
+    assert layer.weight.is_mkldnn
+    torch.testing.assert_close(layer(x), plain, atol=1e-4, rtol=1e-4)  # another summation order
 
 
 def test_decode_only_step_matches_decodes_beside_a_prefill() -> None:
