@@ -261,3 +261,13 @@ def test_a_server_left_on_the_port_stops_the_run_before_it_is_measured() -> None
         port = taken.getsockname()[1]
         with pytest.raises(ServerError, match=f"port {port} is taken"):
             start(ServerSpec("x", ["true"], port), Path("/nonexistent/never-written.log"))
+
+
+def test_each_rate_sends_prompts_of_its_own_the_same_to_both_systems() -> None:
+    """With the prefix caches on, the rate before's prompts would all hit the cache."""
+    from bench_vs_vllm.__main__ import client_env, parse_args, run_seed
+
+    args = parse_args(["--rates", "0.25,1,inf", "--seed", "7"])
+    seeds = [run_seed(args, rate) for rate in args.rate_list]
+    assert len(set(seeds)) == 3
+    assert client_env(seeds[0])["PYTHONHASHSEED"] != client_env(seeds[1])["PYTHONHASHSEED"]

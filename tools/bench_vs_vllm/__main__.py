@@ -51,11 +51,23 @@ SYSTEMS = ("vllm", "vllm-pp2", "sarathi", "sarathi-pp1")
 and as one stage with every core."""
 WORKLOADS = ("random", "conversation", "prefix", "multiturn")
 DTYPES = ("auto", "bfloat16", "float32")
-CLIENT_ENV = {"VLLM_TARGET_DEVICE": "cpu", "PYTHONHASHSEED": "0"}
-"""The client's environment. The target device: without it vLLM's CPU wheel guesses its
-platform and, on a CPU without AVX-512, dies of an illegal instruction before it sends a
-request. The hash seed: the timed_trace dataset draws a chunk's tokens from Python's hash() of
-its id, so both systems get the same prompts only with a fixed seed."""
+WARM_UP_SEED_OFFSET = 10_000
+"""The warm-up's prompts come from a seed no measured run uses: none of them is cached."""
+
+
+def client_env(seed: int) -> dict[str, str]:
+    """The client's environment. The target device: without it vLLM's CPU wheel guesses its
+    platform and, on a CPU without AVX-512, dies of an illegal instruction before it sends a
+    request. The hash seed: the timed_trace dataset draws a chunk's tokens from Python's hash()
+    of its id, so it follows the run's seed (both systems get the same prompts, each rate new
+    ones)."""
+    return {"VLLM_TARGET_DEVICE": "cpu", "PYTHONHASHSEED": str(seed)}
+
+
+def run_seed(args: argparse.Namespace, rate: float) -> int:
+    """Each rate its own prompts: with the prefix caches on, prompts repeated from the rate
+    before would all be cache hits, on both systems, and measure the cache instead."""
+    return int(args.seed + args.rate_list.index(rate))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -224,11 +236,12 @@ def result_path(args: argparse.Namespace, system: str, workload: str, rate: floa
 def run_one(args: argparse.Namespace, spec: ServerSpec, workload: Workload, rate: float) -> Row:
     out = result_path(args, spec.name, workload.name, rate)
     out.unlink(missing_ok=True)
+    seed = run_seed(args, rate)
     command = bench_command(
         args.vllm_bin, spec.base_url, args.model.name, args.model, workload, rate,
-        workload.num_prompts or args.num_prompts, args.seed, out,
+        workload.num_prompts or args.num_prompts, seed, out,
     )  # fmt: skip
-    run_bench(command, out.with_suffix(".log"), CLIENT_ENV)
+    run_bench(command, out.with_suffix(".log"), client_env(seed))
     return load_row(out, spec.name, workload.name)
 
 
@@ -237,9 +250,10 @@ def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:
     first-call cost (vLLM compiles graphs for new shapes; ours builds its kernels)."""
     command = bench_command(
         args.vllm_bin, spec.base_url, args.model.name, args.model, random_workload(64, 8),
-        math.inf, 4, args.seed, None,
+        math.inf, 4, args.seed + WARM_UP_SEED_OFFSET, None,
     )  # fmt: skip
-    run_bench(command, args.results / "logs" / f"{spec.name}-warmup.log", CLIENT_ENV)
+    log = args.results / "logs" / f"{spec.name}-warmup.log"
+    run_bench(command, log, client_env(args.seed + WARM_UP_SEED_OFFSET))
 
 
 def run_system(
