@@ -13,13 +13,13 @@ STYLES = {
     "vllm": ("tab:blue", "o"),
     "sarathi": ("tab:red", "s"),
     "sarathi-budget": ("tab:orange", "D"),
-    "sarathi-pp1": ("tab:purple", "v"),
+    "sarathi-pp": ("tab:purple", "v"),
     "vllm-pp": ("tab:green", "o"),
 }
 
 
 def _style(system: str) -> tuple[str, str]:
-    """A system's colour and marker; `sarathi-budget<N>` share one, and so do `vllm-pp<N>`."""
+    """A system's colour and marker; `sarathi-budget<N>` share one, and so do `*-pp<N>`."""
     return STYLES.get(system.rstrip("0123456789"), ("tab:gray", "^"))
 
 

@@ -59,9 +59,9 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
     if args.pp == 2 and config.device == "cpu":
         lines.append(
-            "  PP=2: against one worker on every core it was ahead on shared prefixes, behind "
-            "on random prompts, and steadier in TPOT (BENCHMARKS.md, vLLM side by side, "
-            "session 9); --pp 1 gives one worker every core"
+            "  PP=2: against one worker on every core it served as much at saturation, with a "
+            "steadier TPOT under load (BENCHMARKS.md, vLLM side by side, session 9); --pp 1 "
+            "gives one worker every core and the lower TPOT at light load"
         )
     return "\n".join(lines)
 
