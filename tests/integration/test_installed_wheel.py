@@ -26,6 +26,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # a folder, not installed
+import image_smoke
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,18 +183,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _chat(http_port: int, model: str, question: str) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": question}],
-            "max_tokens": 24, "temperature": 0}  # fmt: skip
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{http_port}/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return str(json.load(response)["choices"][0]["message"]["content"])
-
-
 def _wait_for_openai(proc: subprocess.Popen[str], http_port: int, timeout_s: float) -> str:
     """The served model's id, once /v1/models answers."""
     deadline = time.monotonic() + timeout_s
@@ -227,7 +218,7 @@ def test_the_installed_demo_serves_at_pp2_over_openai_and_grpc(install: Install)
     )  # fmt: skip
     try:
         model = _wait_for_openai(up, http_port, timeout_s=300)
-        assert "Paris" in _chat(http_port, model, "What is the capital of France?")
+        assert "Paris" in image_smoke.chat(http_port, model)  # the images' smoke test asks the same
         generated = install.run(
             sarathictl, "generate", "What is the capital of France?", "--chat",
             "--addr", f"127.0.0.1:{grpc_port}", "--max-tokens", "24", "--json", timeout=120,
