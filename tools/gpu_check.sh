@@ -78,12 +78,13 @@ if [[ $parts == *" bench "* ]]; then
   bench stage-flashinfer --attention flashinfer --no-cuda-graphs
 fi
 
-sarathictl() { python3 -c 'import sys; from sarathictl.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+# An array, not a function: `timeout` runs commands, and cannot run a shell function.
+sarathictl=(python3 -c 'import sys; from sarathictl.cli import main; sys.exit(main(sys.argv[1:]))')
 live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   local policy=$1 pp=$2 model=${GPU_CHECK_MODEL_DIR:-/tmp/gpu_check_model}
   local name=live-pp$2-$1
   if [ ! -f "$model/config.json" ]; then
-    sarathictl model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" || { status=1; return; }
+    "${sarathictl[@]}" model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" || { status=1; return; }
   fi
   # The strict SLO: 5x the decode step of a batch of 32, measured by the first live part.
   local slo_file=$model/strict_tbt_slo_s slo=strict
@@ -91,7 +92,7 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   # The paper's strict-SLO setting for Mistral-7B: budget 512; prompts and outputs within the
   # model's 8192 positions.
   # shellcheck disable=SC2086  # GPU_LIVE_ARGS is a list of flags
-  timeout "${GPU_LIVE_TIMEOUT_S:-540}" sarathictl bench capacity --local \
+  timeout "${GPU_LIVE_TIMEOUT_S:-540}" "${sarathictl[@]}" bench capacity --local \
     --device "${GPU_CHECK_DEVICE:-cuda}" --model "$model" --pp "$pp" --policies "$policy" \
     --tbt-slo "$slo" --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
     --max-probe-s 30 --granularity 0.1 ${GPU_LIVE_ARGS:-} --json \
