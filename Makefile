@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-lm-eval demo clean check-torch-range
+.PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-prefix-routing bench-lm-eval demo clean check-torch-range
 
 install: $(STAMP)
 
@@ -83,6 +83,14 @@ bench-vs-vllm: install
 	PYTHONPATH=tools $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
 	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) --systems $(VS_VLLM_SYSTEMS) \
 	  --workloads $(VS_VLLM_WORKLOADS) --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
+
+# Two local pipelines behind one endpoint, chats routed by each policy (the chart's endpoint
+# picker among them): the prefix-cache hit rate each gets, from the controllers' own counters.
+PREFIX_ROUTING_RESULTS ?= bench-results/prefix-routing
+bench-prefix-routing: install
+	mkdir -p $(PREFIX_ROUTING_RESULTS)
+	$(VENV)/bin/sarathictl bench prefix-routing --policies single round-robin load epp epp:1,1,4 \
+	  --json-output $(PREFIX_ROUTING_RESULTS)/results.json
 
 # lm-evaluation-harness against our cluster and against its own hf model on the same weights
 # (issue 22, item 7): a venv of its own, two small local tasks, float32, scores compared.

@@ -8,6 +8,7 @@ from sarathictl.bench import (
     capacity_cmd,
     controller_step,
     paper,
+    prefix_routing,
     run_cmd,
     scheduler_speed,
     simulate_cmd,
@@ -27,3 +28,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run_cmd.register(bench_sub)
     controller_step.register(bench_sub)
     step_breakdown.register(bench_sub)
+    prefix_routing.register(bench_sub)

@@ -1,0 +1,321 @@
+"""`sarathictl bench prefix-routing`: the prefix-cache hit rate of several pipelines behind one
+endpoint, under each way of routing requests to them.
+
+It starts --pipelines local clusters (each a controller and its workers, OpenAI API on), then,
+policy after policy, holds chat sessions against them (bench/chat_sessions.py: one system prompt,
+conversations resending their history) and routes every request as the policy says
+(bench/routing_policies.py; `epp` is a model of the endpoint picker the chart deploys,
+bench/endpoint_picker.py, fed with the controllers' own /metrics right before each pick). Each
+policy gets text of its own, so what an earlier policy left in the caches never hits.
+
+Per policy it prints the controllers' own prefix-cache counts over its run (tokens and requests
+that hit), how often a conversation's next turn went back to the pipeline of its previous one,
+and the time to first token the users saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from sarathictl.argtypes import float_at_least, int_at_least
+from sarathictl.bench.chat_sessions import ChatWorkload, chat_sessions
+from sarathictl.bench.endpoint_picker import EndpointLoad
+from sarathictl.bench.progress import say
+from sarathictl.bench.routing_policies import Router, RoutingPolicy, parse_policy
+
+_PREFIX_COUNTERS = (
+    "sarathi:prefix_cache_queries_total",
+    "sarathi:prefix_cache_hits_total",
+    "sarathi:prefix_cache_query_requests_total",
+    "sarathi:prefix_cache_hit_requests_total",
+    "sarathi:prefix_cache_evictions_total",
+)
+_LOAD_GAUGES = ("sarathi:num_requests_waiting", "sarathi:kv_cache_usage_perc")
+
+
+def scrape(http: httpx.Client, base_url: str, names: Sequence[str]) -> dict[str, float]:
+    """The named samples of an endpoint's /metrics (summed over their label sets)."""
+    text = http.get(f"{base_url}/metrics", timeout=10).raise_for_status().text
+    values = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in values:
+            values[name] += float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def endpoint_load(http: httpx.Client, base_url: str) -> EndpointLoad:
+    waiting, usage = scrape(http, base_url, _LOAD_GAUGES).values()
+    return EndpointLoad(int(waiting), usage)
+
+
+@dataclass
+class Turn:
+    session: int
+    turn: int
+    endpoint: str
+    ttft_s: float
+    prompt_chars: int
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    requests_admitted: int = 0
+    requests_hit: int = 0
+    evicted_blocks: int = 0
+    """Cached blocks the pipelines evicted for room during the run (a cache too small)."""
+    later_turns: int = 0
+    later_turns_same_pipeline: int = 0
+    ttft_median_s: float = float("nan")
+    ttft_p90_s: float = float("nan")
+    wall_s: float = 0.0
+    requests_per_pipeline: list[int] = field(default_factory=list)
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.requests_hit / self.requests_admitted if self.requests_admitted else 0.0
+
+    @property
+    def stickiness(self) -> float:
+        """Share of later turns sent to the pipeline of the conversation's previous turn."""
+        return self.later_turns_same_pipeline / self.later_turns if self.later_turns else 0.0
+
+    def line(self) -> str:
+        per_pipeline = "/".join(map(str, self.requests_per_pipeline))
+        return (
+            f"{self.policy:<14} hit tokens {self.token_hit_rate:6.1%}  hit requests "
+            f"{self.request_hit_rate:6.1%}  same pipeline {self.stickiness:6.1%}  TTFT median "
+            f"{self.ttft_median_s * 1e3:6.0f} ms p90 {self.ttft_p90_s * 1e3:6.0f} ms  "
+            f"per pipeline {per_pipeline}  evicted {self.evicted_blocks} blocks  "
+            f"{self.wall_s:.0f} s" + (f"  ERRORS {self.errors}" if self.errors else "")
+        )
+
+
+class SessionRunner:
+    """Holds the sessions of one policy's run, each on a thread of its own."""
+
+    def __init__(
+        self, router: Router, workload: ChatWorkload, model: str, seed: int, http: httpx.Client
+    ) -> None:
+        self.router = router
+        self.workload = workload
+        self.model = model
+        self.http = http
+        self.turns: list[Turn] = []
+        self.errors: list[str] = []
+        self._route_lock = threading.Lock()  # picks one at a time, as the EPP's index needs
+        self._rng = random.Random(seed)
+        self._sessions = chat_sessions(workload, seed)
+        self._pauses = [  # drawn up front: the threads' order must not change the draws
+            [self._rng.expovariate(1 / workload.think_s) if workload.think_s else 0.0
+             for _ in range(workload.turns)]
+            for _ in self._sessions
+        ]  # fmt: skip
+
+    def run(self) -> None:
+        with ThreadPoolExecutor(max_workers=len(self._sessions)) as pool:
+            list(pool.map(self._hold, range(len(self._sessions))))
+
+    def _hold(self, index: int) -> None:
+        session = self._sessions[index]
+        for turn in range(self.workload.turns):
+            time.sleep(self._pauses[index][turn])
+            messages = session.next_messages()
+            prompt = json.dumps(messages, separators=(",", ":"))
+            with self._route_lock:
+                loads = (
+                    {e: endpoint_load(self.http, e) for e in self.router.endpoints}
+                    if self.router.policy.needs_loads
+                    else {}
+                )
+                endpoint = self.router.route(prompt, loads)
+            try:
+                answer, ttft_s = self._ask(endpoint, messages)
+            except (httpx.HTTPError, ValueError) as err:
+                self.errors.append(f"session {index} turn {turn} at {endpoint}: {err}")
+                return
+            self.turns.append(Turn(index, turn, endpoint, ttft_s, len(prompt)))
+            session.answered(answer)
+
+    def _ask(self, endpoint: str, messages: list[dict[str, str]]) -> tuple[str, float]:
+        """The streamed answer's text and its time to first token."""
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.workload.answer_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+        start = time.perf_counter()
+        ttft_s = float("nan")
+        pieces = []
+        url = f"{endpoint}/v1/chat/completions"
+        with self.http.stream("POST", url, json=body, timeout=600) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:]).get("choices", []):
+                    piece = choice.get("delta", {}).get("content") or ""
+                    if piece and ttft_s != ttft_s:  # nan: the first token
+                        ttft_s = time.perf_counter() - start
+                    pieces.append(piece)
+        return "".join(pieces), ttft_s
+
+
+def summarize(
+    policy: str, runner: SessionRunner, before: list[dict[str, float]],
+    after: list[dict[str, float]], wall_s: float,
+) -> PolicyResult:  # fmt: skip
+    delta = {n: sum(a[n] - b[n] for a, b in zip(after, before, strict=True)) for n in before[0]}
+    queries, hits, query_requests, hit_requests, evictions = (delta[n] for n in _PREFIX_COUNTERS)
+    previous: dict[int, str] = {}
+    later = same = 0
+    for turn in sorted(runner.turns, key=lambda t: (t.session, t.turn)):
+        if turn.session in previous:
+            later += 1
+            same += previous[turn.session] == turn.endpoint
+        previous[turn.session] = turn.endpoint
+    ttfts = sorted(t.ttft_s for t in runner.turns)
+    return PolicyResult(
+        policy=policy,
+        requests=len(runner.turns),
+        errors=len(runner.errors),
+        prompt_tokens=int(queries),
+        cached_tokens=int(hits),
+        requests_admitted=int(query_requests),
+        requests_hit=int(hit_requests),
+        evicted_blocks=int(evictions),
+        later_turns=later,
+        later_turns_same_pipeline=same,
+        ttft_median_s=statistics.median(ttfts) if ttfts else float("nan"),
+        ttft_p90_s=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else float("nan"),
+        wall_s=wall_s,
+        requests_per_pipeline=[
+            sum(t.endpoint == e for t in runner.turns) for e in runner.router.endpoints
+        ],
+    )
+
+
+def run_policy(
+    policy: RoutingPolicy, endpoints: list[str], model: str, workload: ChatWorkload, seed: int,
+    http: httpx.Client,
+) -> PolicyResult:  # fmt: skip
+    runner = SessionRunner(Router(policy, endpoints, model, seed), workload, model, seed, http)
+    before = [scrape(http, e, _PREFIX_COUNTERS) for e in endpoints]
+    start = time.monotonic()
+    runner.run()
+    wall_s = time.monotonic() - start
+    after = [scrape(http, e, _PREFIX_COUNTERS) for e in endpoints]
+    for error in runner.errors:
+        say(f"  {policy.name}: {error}")
+    return summarize(policy.name, runner, before, after, wall_s)
+
+
+def served_model(http: httpx.Client, endpoint: str) -> str:
+    models = http.get(f"{endpoint}/v1/models", timeout=10).raise_for_status().json()
+    return str(models["data"][0]["id"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from sarathictl.commands.up import cluster_config
+    from sarathictl.local_cluster import LocalCluster
+
+    workload = ChatWorkload(
+        sessions=args.sessions, turns=args.turns, system_words=args.system_words,
+        question_words=args.question_words, answer_tokens=args.answer_tokens,
+        think_s=args.think_s,
+    )  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    if not args.threads:  # the cores shared out among every worker of every pipeline
+        cores = len(os.sched_getaffinity(0))
+        args.threads = max(1, cores // (args.pipelines * args.pp * args.tp))
+    results = []
+    with ExitStack() as stack, httpx.Client() as http:
+        endpoints = []
+        for p in range(args.pipelines):
+            log_dir = str(Path(args.log_dir) / f"pipeline{p}") if args.log_dir else ""
+            config = cluster_config(argparse.Namespace(**{**vars(args), "log_dir": log_dir}), 0, 0)
+            cluster = stack.enter_context(LocalCluster(config))
+            endpoints.append(f"http://127.0.0.1:{cluster.http_port}")
+            say(f"pipeline {p}: PP={args.pp} TP={args.tp}, {args.threads} thread(s) a worker, "
+                f"at {endpoints[-1]} (logs {cluster.log_dir})")  # fmt: skip
+        model = served_model(http, endpoints[0])
+        for i, policy in enumerate(args.policies):
+            say(f"{policy.name}: {workload.sessions} sessions x {workload.turns} turns ...")
+            result = run_policy(policy, endpoints, model, workload, args.seed + i, http)
+            say(result.line())
+            results.append(result)
+    if args.json_output:
+        Path(args.json_output).write_text(json.dumps(
+            {"workload": asdict(workload), "pipelines": args.pipelines, "pp": args.pp,
+             "threads": args.threads, "results": [asdict(r) for r in results]}, indent=2,
+        ) + "\n")  # fmt: skip
+    return 1 if any(r.errors for r in results) else 0
+
+
+def policy_arg(text: str) -> RoutingPolicy:
+    try:
+        return parse_policy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from sarathictl.commands.up import add_cluster_flags
+
+    p = sub.add_parser(
+        "prefix-routing",
+        help="prefix-cache hit rate of several local pipelines under each routing policy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_cluster_flags(p)
+    p.set_defaults(pp=1)  # two pipelines of one stage each fill two cores
+    positive = int_at_least(1)
+    p.add_argument("--pipelines", type=int_at_least(2), default=2, help="pipelines (2)")
+    p.add_argument(
+        "--policies",
+        type=policy_arg,
+        nargs="+",
+        default=[parse_policy(n) for n in ("single", "round-robin", "load", "epp")],
+        help="single, round-robin, load (the picker's queue and KV-cache scorers), epp (the "
+        "chart's picker: queue 2, KV cache 2, prefix 1) or epp:Q,K,P (default: all but "
+        "epp:Q,K,P)",
+    )
+    d = ChatWorkload()
+    p.add_argument("--sessions", type=positive, default=d.sessions, help="conversations at once")
+    p.add_argument("--turns", type=positive, default=d.turns, help="user messages a conversation")
+    p.add_argument("--system-words", type=positive, default=d.system_words, help="system prompt")
+    p.add_argument("--question-words", type=positive, default=d.question_words, help="a message")
+    p.add_argument("--answer-tokens", type=positive, default=d.answer_tokens, help="an answer")
+    p.add_argument(
+        "--think-s", type=float_at_least(0.0), default=d.think_s, help="mean pause between turns"
+    )
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="text seed of the first policy")
+    p.add_argument("--json-output", default="", help="write the results here as JSON")
+    p.set_defaults(run=run)
