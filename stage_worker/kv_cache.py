@@ -7,6 +7,7 @@ sequence: the padding rows of a replayed CUDA graph write their K and V there (c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -15,6 +16,11 @@ logger = logging.getLogger(__name__)
 # Share of free GPU memory (after the weights are loaded) the cache may take; the rest is left to
 # activations, the NCCL buffers and the attention workspace.
 GPU_CACHE_FRACTION = 0.85
+
+ZERO_CHUNK_BYTES = 256 << 20
+"""The cache is zeroed this much at a time, with a call to `progress` after each: a large CPU
+cache takes seconds to fault in and zero (8 GiB took 30 s on a 2-core VM), which must not pass
+for a dead worker (the controller's heartbeat timeout is 5 s)."""
 
 
 def bytes_per_block(
@@ -50,13 +56,14 @@ class KVCache:
         head_dim: int,
         device: str,
         dtype: torch.dtype,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         """Blocks the scheduler may hand out: ids 0 .. num_blocks - 1."""
         self.block_size = block_size
         self.scratch_block = num_blocks
         # [num_layers, 2 (K, V), num_blocks + 1 (scratch), block_size, kv_heads, head_dim]
-        self.data = torch.zeros(
+        self.data = torch.empty(
             num_layers,
             2,
             num_blocks + 1,
@@ -66,6 +73,14 @@ class KVCache:
             device=device,
             dtype=dtype,
         )
+        # Zeros, not garbage: the padded decode path reads slots no token wrote (masked, but a
+        # masked NaN still poisons the weighted sum of V: 0 * NaN = NaN).
+        flat = self.data.view(-1)
+        chunk = max(1, ZERO_CHUNK_BYTES // self.data.element_size())
+        for start in range(0, flat.numel(), chunk):
+            flat[start : start + chunk].zero_()
+            if progress is not None:
+                progress()
         logger.info(
             "KV cache: %d blocks x %d tokens, %.1f MiB",
             num_blocks,

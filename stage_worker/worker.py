@@ -381,6 +381,7 @@ class StageWorker:
             spec.head_dim,
             cfg.device,
             dtype,
+            progress=self._keep_alive(),
         )
         attention = make_backend(cfg.attention, cfg.device)
         # CUDA kernels run asynchronously: timing attention and the linear layers there would
@@ -402,6 +403,20 @@ class StageWorker:
             self._after_pipeline_broke(links)
         self._leave_pipeline(links)
         return code
+
+    def _keep_alive(self) -> Callable[[], None]:
+        """A callback for long start-up work (zeroing the KV cache): a heartbeat at most every
+        IDLE_HEARTBEAT_S, so that the controller, which counts from the cache assignment,
+        does not take the worker for dead."""
+        last_s = time.monotonic()
+
+        def beat() -> None:
+            nonlocal last_s
+            if time.monotonic() - last_s >= IDLE_HEARTBEAT_S:
+                self._heartbeat(0.0)
+                last_s = time.monotonic()
+
+        return beat
 
     def _after_controller_lost(self, links: PipelineLinks, lost: ControllerLost) -> NoReturn:
         """A dead controller's silence and its key's change in etcd come about together (its
