@@ -36,6 +36,7 @@ from sarathictl.bench.chat_sessions import ChatWorkload, chat_sessions
 from sarathictl.bench.endpoint_picker import EndpointLoad
 from sarathictl.bench.progress import say
 from sarathictl.bench.routing_policies import Router, RoutingPolicy, parse_policy
+from sarathictl.local_cluster import LocalCluster
 
 _PREFIX_COUNTERS = (
     "sarathi:prefix_cache_queries_total",
@@ -45,6 +46,9 @@ _PREFIX_COUNTERS = (
     "sarathi:prefix_cache_evictions_total",
 )
 _LOAD_GAUGES = ("sarathi:num_requests_waiting", "sarathi:kv_cache_usage_perc")
+REQUEST_TIMEOUT_S = 300.0
+"""A turn not answered by then is an error: a pipeline that went down holds its requests."""
+READY_TIMEOUT_S = 120.0
 
 
 def scrape(http: httpx.Client, base_url: str, names: Sequence[str]) -> dict[str, float]:
@@ -174,7 +178,7 @@ class SessionRunner:
         ttft_s = float("nan")
         pieces = []
         url = f"{endpoint}/v1/chat/completions"
-        with self.http.stream("POST", url, json=body, timeout=600) as response:
+        with self.http.stream("POST", url, json=body, timeout=REQUEST_TIMEOUT_S) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -236,15 +240,38 @@ def run_policy(
     return summarize(policy.name, runner, before, after, wall_s)
 
 
+def wait_serving(http: httpx.Client, endpoints: list[str], log_dirs: list[Path]) -> None:
+    """Every pipeline answers /health with 200, or RuntimeError naming the one that does not
+    and its logs: a policy measured with a pipeline down measures timeouts."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for endpoint, log_dir in zip(endpoints, log_dirs, strict=True):
+        while http.get(f"{endpoint}/health", timeout=10).status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{endpoint} is not serving; see its logs in {log_dir}")
+            time.sleep(1.0)
+
+
 def served_model(http: httpx.Client, endpoint: str) -> str:
     models = http.get(f"{endpoint}/v1/models", timeout=10).raise_for_status().json()
     return str(models["data"][0]["id"])
 
 
-def run(args: argparse.Namespace) -> int:
+def start_pipelines(stack: ExitStack, args: argparse.Namespace) -> list[LocalCluster]:
+    """args.pipelines local clusters, stopped when the stack closes."""
     from sarathictl.commands.up import cluster_config
-    from sarathictl.local_cluster import LocalCluster
 
+    clusters = []
+    for p in range(args.pipelines):
+        log_dir = str(Path(args.log_dir) / f"pipeline{p}") if args.log_dir else ""
+        config = cluster_config(argparse.Namespace(**{**vars(args), "log_dir": log_dir}), 0, 0)
+        cluster = stack.enter_context(LocalCluster(config))
+        say(f"pipeline {p}: PP={args.pp} TP={args.tp}, {args.threads} thread(s) a worker, at "
+            f"http://127.0.0.1:{cluster.http_port} (logs {cluster.log_dir})")  # fmt: skip
+        clusters.append(cluster)
+    return clusters
+
+
+def run(args: argparse.Namespace) -> int:
     workload = ChatWorkload(
         sessions=args.sessions, turns=args.turns, system_words=args.system_words,
         question_words=args.question_words, answer_tokens=args.answer_tokens,
@@ -256,16 +283,15 @@ def run(args: argparse.Namespace) -> int:
         args.threads = max(1, cores // (args.pipelines * args.pp * args.tp))
     results = []
     with ExitStack() as stack, httpx.Client() as http:
-        endpoints = []
-        for p in range(args.pipelines):
-            log_dir = str(Path(args.log_dir) / f"pipeline{p}") if args.log_dir else ""
-            config = cluster_config(argparse.Namespace(**{**vars(args), "log_dir": log_dir}), 0, 0)
-            cluster = stack.enter_context(LocalCluster(config))
-            endpoints.append(f"http://127.0.0.1:{cluster.http_port}")
-            say(f"pipeline {p}: PP={args.pp} TP={args.tp}, {args.threads} thread(s) a worker, "
-                f"at {endpoints[-1]} (logs {cluster.log_dir})")  # fmt: skip
+        clusters = start_pipelines(stack, args)
+        endpoints = [f"http://127.0.0.1:{c.http_port}" for c in clusters]
         model = served_model(http, endpoints[0])
         for i, policy in enumerate(args.policies):
+            try:
+                wait_serving(http, endpoints, [c.log_dir for c in clusters])
+            except RuntimeError as err:
+                say(f"error before {policy.name}: {err}")
+                return 1
             say(f"{policy.name}: {workload.sessions} sessions x {workload.turns} turns ...")
             result = run_policy(policy, endpoints, model, workload, args.seed + i, http)
             say(result.line())
