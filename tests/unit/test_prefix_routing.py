@@ -18,8 +18,8 @@ from sarathictl.bench.endpoint_picker import (
     prompt_block_hashes,
     queue_scores,
 )
-from sarathictl.bench.prefix_routing import SessionRunner, Turn, summarize
 from sarathictl.bench.routing_policies import Router, parse_policy
+from sarathictl.bench.routing_results import PREFIX_COUNTERS, Turn, summarize
 
 IDLE = EndpointLoad(waiting=0, kv_cache_usage=0.1)
 
@@ -110,28 +110,17 @@ def test_sessions_resend_their_history_and_runs_share_no_text() -> None:
 
 
 def test_summary_counts_hits_and_returns_to_the_same_pipeline() -> None:
-    runner = SessionRunner(
-        Router(parse_policy("round-robin"), ["e0", "e1"], "m", 0),
-        ChatWorkload(),
-        "m",
-        0,
-        None,  # type: ignore[arg-type]
-    )
-    runner.turns = [
+    turns = [
         Turn(0, 0, "e0", 0.1, 10), Turn(0, 1, "e0", 0.2, 20), Turn(0, 2, "e1", 0.3, 30),
         Turn(1, 0, "e1", 0.4, 10), Turn(1, 1, "e1", 0.5, 20),
     ]  # fmt: skip
-    names = (
-        "sarathi:prefix_cache_queries_total", "sarathi:prefix_cache_hits_total",
-        "sarathi:prefix_cache_query_requests_total", "sarathi:prefix_cache_hit_requests_total",
-        "sarathi:prefix_cache_evictions_total",
-    )  # fmt: skip
-    before = [dict.fromkeys(names, 5.0), dict.fromkeys(names, 0.0)]
+    # queries, hits, query requests, hit requests, evictions: e0 moved, e1 moved 100 each
+    before = [dict.fromkeys(PREFIX_COUNTERS, 5.0), dict.fromkeys(PREFIX_COUNTERS, 0.0)]
     after = [
-        dict(zip(names, (105.0, 65.0, 8.0, 7.0, 9.0), strict=True)),
-        dict.fromkeys(names, 100.0),
+        dict(zip(PREFIX_COUNTERS, (105.0, 65.0, 8.0, 7.0, 9.0), strict=True)),
+        dict.fromkeys(PREFIX_COUNTERS, 100.0),
     ]
-    result = summarize("rr", runner, before, after, wall_s=3.0)
+    result = summarize("rr", turns, 0, ["e0", "e1"], before, after, wall_s=3.0)
     assert (result.prompt_tokens, result.cached_tokens) == (200, 160)
     assert result.token_hit_rate == 0.8
     assert (result.requests_admitted, result.requests_hit) == (103, 102)

@@ -20,13 +20,12 @@ import json
 import logging
 import os
 import random
-import statistics
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -36,15 +35,9 @@ from sarathictl.bench.chat_sessions import ChatWorkload, chat_sessions
 from sarathictl.bench.endpoint_picker import EndpointLoad
 from sarathictl.bench.progress import say
 from sarathictl.bench.routing_policies import Router, RoutingPolicy, parse_policy
+from sarathictl.bench.routing_results import PREFIX_COUNTERS, PolicyResult, Turn, summarize
 from sarathictl.local_cluster import LocalCluster
 
-_PREFIX_COUNTERS = (
-    "sarathi:prefix_cache_queries_total",
-    "sarathi:prefix_cache_hits_total",
-    "sarathi:prefix_cache_query_requests_total",
-    "sarathi:prefix_cache_hit_requests_total",
-    "sarathi:prefix_cache_evictions_total",
-)
 _LOAD_GAUGES = ("sarathi:num_requests_waiting", "sarathi:kv_cache_usage_perc")
 REQUEST_TIMEOUT_S = 300.0
 """A turn not answered by then is an error: a pipeline that went down holds its requests."""
@@ -65,57 +58,6 @@ def scrape(http: httpx.Client, base_url: str, names: Sequence[str]) -> dict[str,
 def endpoint_load(http: httpx.Client, base_url: str) -> EndpointLoad:
     waiting, usage = scrape(http, base_url, _LOAD_GAUGES).values()
     return EndpointLoad(int(waiting), usage)
-
-
-@dataclass
-class Turn:
-    session: int
-    turn: int
-    endpoint: str
-    ttft_s: float
-    prompt_chars: int
-
-
-@dataclass
-class PolicyResult:
-    policy: str
-    requests: int = 0
-    errors: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    requests_admitted: int = 0
-    requests_hit: int = 0
-    evicted_blocks: int = 0
-    """Cached blocks the pipelines evicted for room during the run (a cache too small)."""
-    later_turns: int = 0
-    later_turns_same_pipeline: int = 0
-    ttft_median_s: float = float("nan")
-    ttft_p90_s: float = float("nan")
-    wall_s: float = 0.0
-    requests_per_pipeline: list[int] = field(default_factory=list)
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def request_hit_rate(self) -> float:
-        return self.requests_hit / self.requests_admitted if self.requests_admitted else 0.0
-
-    @property
-    def stickiness(self) -> float:
-        """Share of later turns sent to the pipeline of the conversation's previous turn."""
-        return self.later_turns_same_pipeline / self.later_turns if self.later_turns else 0.0
-
-    def line(self) -> str:
-        per_pipeline = "/".join(map(str, self.requests_per_pipeline))
-        return (
-            f"{self.policy:<14} hit tokens {self.token_hit_rate:6.1%}  hit requests "
-            f"{self.request_hit_rate:6.1%}  same pipeline {self.stickiness:6.1%}  TTFT median "
-            f"{self.ttft_median_s * 1e3:6.0f} ms p90 {self.ttft_p90_s * 1e3:6.0f} ms  "
-            f"per pipeline {per_pipeline}  evicted {self.evicted_blocks} blocks  "
-            f"{self.wall_s:.0f} s" + (f"  ERRORS {self.errors}" if self.errors else "")
-        )
 
 
 class SessionRunner:
@@ -191,53 +133,21 @@ class SessionRunner:
         return "".join(pieces), ttft_s
 
 
-def summarize(
-    policy: str, runner: SessionRunner, before: list[dict[str, float]],
-    after: list[dict[str, float]], wall_s: float,
-) -> PolicyResult:  # fmt: skip
-    delta = {n: sum(a[n] - b[n] for a, b in zip(after, before, strict=True)) for n in before[0]}
-    queries, hits, query_requests, hit_requests, evictions = (delta[n] for n in _PREFIX_COUNTERS)
-    previous: dict[int, str] = {}
-    later = same = 0
-    for turn in sorted(runner.turns, key=lambda t: (t.session, t.turn)):
-        if turn.session in previous:
-            later += 1
-            same += previous[turn.session] == turn.endpoint
-        previous[turn.session] = turn.endpoint
-    ttfts = sorted(t.ttft_s for t in runner.turns)
-    return PolicyResult(
-        policy=policy,
-        requests=len(runner.turns),
-        errors=len(runner.errors),
-        prompt_tokens=int(queries),
-        cached_tokens=int(hits),
-        requests_admitted=int(query_requests),
-        requests_hit=int(hit_requests),
-        evicted_blocks=int(evictions),
-        later_turns=later,
-        later_turns_same_pipeline=same,
-        ttft_median_s=statistics.median(ttfts) if ttfts else float("nan"),
-        ttft_p90_s=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else float("nan"),
-        wall_s=wall_s,
-        requests_per_pipeline=[
-            sum(t.endpoint == e for t in runner.turns) for e in runner.router.endpoints
-        ],
-    )
-
-
 def run_policy(
     policy: RoutingPolicy, endpoints: list[str], model: str, workload: ChatWorkload, seed: int,
     http: httpx.Client,
 ) -> PolicyResult:  # fmt: skip
     runner = SessionRunner(Router(policy, endpoints, model, seed), workload, model, seed, http)
-    before = [scrape(http, e, _PREFIX_COUNTERS) for e in endpoints]
+    before = [scrape(http, e, PREFIX_COUNTERS) for e in endpoints]
     start = time.monotonic()
     runner.run()
     wall_s = time.monotonic() - start
-    after = [scrape(http, e, _PREFIX_COUNTERS) for e in endpoints]
+    after = [scrape(http, e, PREFIX_COUNTERS) for e in endpoints]
     for error in runner.errors:
         say(f"  {policy.name}: {error}")
-    return summarize(policy.name, runner, before, after, wall_s)
+    return summarize(
+        policy.name, runner.turns, len(runner.errors), endpoints, before, after, wall_s
+    )
 
 
 def wait_serving(http: httpx.Client, endpoints: list[str], log_dirs: list[Path]) -> None:
