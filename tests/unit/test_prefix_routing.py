@@ -78,9 +78,9 @@ def test_policies_by_name() -> None:
     assert parse_policy("load").weights == Weights(2, 2, 0)
     assert parse_policy("epp:1,0.5,3").weights == Weights(1, 0.5, 3)
     assert parse_policy("round-robin").weights is None
-    with pytest.raises(ValueError, match="one of single, round-robin"):
+    with pytest.raises(ValueError, match="must be single, round-robin"):
         parse_policy("random")
-    with pytest.raises(ValueError, match="three weights"):
+    with pytest.raises(ValueError, match="must be epp:Q,K,P, three weights"):
         parse_policy("epp:1,2")
     with pytest.raises(ValueError, match="prefix weight must be >= 0"):
         parse_policy("epp:1,1,-1")

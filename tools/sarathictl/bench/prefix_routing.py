@@ -17,24 +17,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-import httpx
-
 from sarathictl.argtypes import float_at_least, int_at_least
 from sarathictl.bench.chat_sessions import ChatWorkload, chat_sessions
 from sarathictl.bench.endpoint_picker import EndpointLoad
 from sarathictl.bench.progress import say
-from sarathictl.bench.routing_policies import Router, RoutingPolicy, parse_policy
+from sarathictl.bench.routing_policies import PolicyArg, Router, RoutingPolicy, parse_policy
 from sarathictl.bench.routing_results import PREFIX_COUNTERS, PolicyResult, Turn, summarize
 from sarathictl.local_cluster import LocalCluster
 
@@ -44,9 +43,14 @@ REQUEST_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 120.0
 
 
-def scrape(http: httpx.Client, base_url: str, names: Sequence[str]) -> dict[str, float]:
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return bytes(response.read())
+
+
+def scrape(base_url: str, names: Sequence[str]) -> dict[str, float]:
     """The named samples of an endpoint's /metrics (summed over their label sets)."""
-    text = http.get(f"{base_url}/metrics", timeout=10).raise_for_status().text
+    text = get(f"{base_url}/metrics").decode()
     values = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -55,21 +59,18 @@ def scrape(http: httpx.Client, base_url: str, names: Sequence[str]) -> dict[str,
     return values
 
 
-def endpoint_load(http: httpx.Client, base_url: str) -> EndpointLoad:
-    waiting, usage = scrape(http, base_url, _LOAD_GAUGES).values()
+def endpoint_load(base_url: str) -> EndpointLoad:
+    waiting, usage = scrape(base_url, _LOAD_GAUGES).values()
     return EndpointLoad(int(waiting), usage)
 
 
 class SessionRunner:
     """Holds the sessions of one policy's run, each on a thread of its own."""
 
-    def __init__(
-        self, router: Router, workload: ChatWorkload, model: str, seed: int, http: httpx.Client
-    ) -> None:
+    def __init__(self, router: Router, workload: ChatWorkload, model: str, seed: int) -> None:
         self.router = router
         self.workload = workload
         self.model = model
-        self.http = http
         self.turns: list[Turn] = []
         self.errors: list[str] = []
         self._route_lock = threading.Lock()  # picks one at a time, as the EPP's index needs
@@ -93,14 +94,14 @@ class SessionRunner:
             prompt = json.dumps(messages, separators=(",", ":"))
             with self._route_lock:
                 loads = (
-                    {e: endpoint_load(self.http, e) for e in self.router.endpoints}
+                    {e: endpoint_load(e) for e in self.router.endpoints}
                     if self.router.policy.needs_loads
                     else {}
                 )
                 endpoint = self.router.route(prompt, loads)
             try:
                 answer, ttft_s = self._ask(endpoint, messages)
-            except (httpx.HTTPError, ValueError) as err:
+            except (OSError, ValueError) as err:  # URLError and timeouts are OSErrors
                 self.errors.append(f"session {index} turn {turn} at {endpoint}: {err}")
                 return
             self.turns.append(Turn(index, turn, endpoint, ttft_s, len(prompt)))
@@ -120,9 +121,12 @@ class SessionRunner:
         ttft_s = float("nan")
         pieces = []
         url = f"{endpoint}/v1/chat/completions"
-        with self.http.stream("POST", url, json=body, timeout=REQUEST_TIMEOUT_S) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
+        request = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            for raw in response:  # server-sent events, a line at a time as they come
+                line = raw.decode().rstrip("\r\n")
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 for choice in json.loads(line[6:]).get("choices", []):
@@ -135,14 +139,13 @@ class SessionRunner:
 
 def run_policy(
     policy: RoutingPolicy, endpoints: list[str], model: str, workload: ChatWorkload, seed: int,
-    http: httpx.Client,
 ) -> PolicyResult:  # fmt: skip
-    runner = SessionRunner(Router(policy, endpoints, model, seed), workload, model, seed, http)
-    before = [scrape(http, e, PREFIX_COUNTERS) for e in endpoints]
+    runner = SessionRunner(Router(policy, endpoints, model, seed), workload, model, seed)
+    before = [scrape(e, PREFIX_COUNTERS) for e in endpoints]
     start = time.monotonic()
     runner.run()
     wall_s = time.monotonic() - start
-    after = [scrape(http, e, PREFIX_COUNTERS) for e in endpoints]
+    after = [scrape(e, PREFIX_COUNTERS) for e in endpoints]
     for error in runner.errors:
         say(f"  {policy.name}: {error}")
     return summarize(
@@ -150,19 +153,27 @@ def run_policy(
     )
 
 
-def wait_serving(http: httpx.Client, endpoints: list[str], log_dirs: list[Path]) -> None:
+def is_serving(endpoint: str) -> bool:
+    try:
+        get(f"{endpoint}/health")  # 503 (an HTTPError) while its pipeline is down
+    except OSError:
+        return False
+    return True
+
+
+def wait_serving(endpoints: list[str], log_dirs: list[Path]) -> None:
     """Every pipeline answers /health with 200, or RuntimeError naming the one that does not
     and its logs: a policy measured with a pipeline down measures timeouts."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     for endpoint, log_dir in zip(endpoints, log_dirs, strict=True):
-        while http.get(f"{endpoint}/health", timeout=10).status_code != 200:
+        while not is_serving(endpoint):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{endpoint} is not serving; see its logs in {log_dir}")
             time.sleep(1.0)
 
 
-def served_model(http: httpx.Client, endpoint: str) -> str:
-    models = http.get(f"{endpoint}/v1/models", timeout=10).raise_for_status().json()
+def served_model(endpoint: str) -> str:
+    models = json.loads(get(f"{endpoint}/v1/models"))
     return str(models["data"][0]["id"])
 
 
@@ -187,23 +198,22 @@ def run(args: argparse.Namespace) -> int:
         question_words=args.question_words, answer_tokens=args.answer_tokens,
         think_s=args.think_s,
     )  # fmt: skip
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     if not args.threads:  # the cores shared out among every worker of every pipeline
         cores = len(os.sched_getaffinity(0))
         args.threads = max(1, cores // (args.pipelines * args.pp * args.tp))
     results = []
-    with ExitStack() as stack, httpx.Client() as http:
+    with ExitStack() as stack:
         clusters = start_pipelines(stack, args)
         endpoints = [f"http://127.0.0.1:{c.http_port}" for c in clusters]
-        model = served_model(http, endpoints[0])
+        model = served_model(endpoints[0])
         for i, policy in enumerate(args.policies):
             try:
-                wait_serving(http, endpoints, [c.log_dir for c in clusters])
+                wait_serving(endpoints, [c.log_dir for c in clusters])
             except RuntimeError as err:
                 say(f"error before {policy.name}: {err}")
                 return 1
             say(f"{policy.name}: {workload.sessions} sessions x {workload.turns} turns ...")
-            result = run_policy(policy, endpoints, model, workload, args.seed + i, http)
+            result = run_policy(policy, endpoints, model, workload, args.seed + i)
             say(result.line())
             results.append(result)
     if args.json_output:
@@ -212,13 +222,6 @@ def run(args: argparse.Namespace) -> int:
              "threads": args.threads, "results": [asdict(r) for r in results]}, indent=2,
         ) + "\n")  # fmt: skip
     return 1 if any(r.errors for r in results) else 0
-
-
-def policy_arg(text: str) -> RoutingPolicy:
-    try:
-        return parse_policy(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -236,7 +239,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--pipelines", type=int_at_least(2), default=2, help="pipelines (2)")
     p.add_argument(
         "--policies",
-        type=policy_arg,
+        type=PolicyArg(),
         nargs="+",
         default=[parse_policy(n) for n in ("single", "round-robin", "load", "epp")],
         help="single, round-robin, load (the picker's queue and KV-cache scorers), epp (the "

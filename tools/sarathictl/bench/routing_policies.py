@@ -10,6 +10,7 @@ several pipelines behind one endpoint, by name.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import random
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,9 @@ class RoutingPolicy:
     weights: Weights | None = None
     """The endpoint picker's weights; None: a simple policy (SIMPLE_POLICIES)."""
 
+    def __str__(self) -> str:
+        return self.name  # what parse_policy reads back
+
     @property
     def needs_loads(self) -> bool:
         """It reads the endpoints' metrics before each pick."""
@@ -50,10 +54,26 @@ def parse_policy(text: str) -> RoutingPolicy:
     if text.startswith("epp:"):
         try:
             queue, kv_cache, prefix = (float(w) for w in text[4:].split(","))
-        except ValueError:
-            raise ValueError(f"policy {text!r}: epp:Q,K,P takes three weights") from None
-        return RoutingPolicy(text, Weights(queue, kv_cache, prefix))
-    raise ValueError(f"policy {text!r}: one of single, round-robin, load, epp, epp:Q,K,P")
+            return RoutingPolicy(text, Weights(queue, kv_cache, prefix))
+        except ValueError as err:
+            raise ValueError(f"policy {text!r}: must be epp:Q,K,P, three weights ({err})") from None
+    raise ValueError(f"policy {text!r}: must be {POLICY_NAMES}")
+
+
+POLICY_NAMES = "single, round-robin, load, epp or epp:Q,K,P"
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: argparse looks types up in a dict
+class PolicyArg:
+    """--policies' type: a policy by name (parse_policy), argparse's error for anything else."""
+
+    bad_values: tuple[str, ...] = ("no-such-policy", "epp:1,2", "epp:1,1,-1")
+
+    def __call__(self, text: str) -> RoutingPolicy:
+        try:
+            return parse_policy(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class Router:
