@@ -32,6 +32,7 @@ def test_two_pipelines_each_policy_counted_from_the_controllers(tmp_path: Path) 
     for r in results.values():
         assert r["errors"] == 0 and r["requests"] == 4 and r["later_turns"] == 3
         assert r["requests_admitted"] == 4  # the counters of this policy's run only
+        assert 0 < r["ttft_median_s"] <= r["ttft_p90_s"] < 60  # streamed: a first token seen
     single, rr, epp = results["single"], results["round-robin"], results["epp"]
     assert single["requests_per_pipeline"] == [4, 0]
     # On one pipeline every later turn finds its history, most of its prompt.
