@@ -21,7 +21,6 @@ import os
 import random
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -74,10 +73,10 @@ class SessionRunner:
         self.turns: list[Turn] = []
         self.errors: list[str] = []
         self._route_lock = threading.Lock()  # picks one at a time, as the EPP's index needs
-        self._rng = random.Random(seed)
         self._sessions = chat_sessions(workload, seed)
+        rng = random.Random(seed)
         self._pauses = [  # drawn up front: the threads' order must not change the draws
-            [self._rng.expovariate(1 / workload.think_s) if workload.think_s else 0.0
+            [rng.expovariate(1 / workload.think_s) if workload.think_s else 0.0
              for _ in range(workload.turns)]
             for _ in self._sessions
         ]  # fmt: skip

@@ -1,7 +1,8 @@
 """How `bench prefix-routing` spreads requests over pipelines: the ways a user could put
 several pipelines behind one endpoint, by name.
 
-- `single`: everything to the first pipeline (one pipeline's hit rate: the ceiling);
+- `single`: everything to the first pipeline (one pipeline's hit rate, while its cache holds
+  every conversation);
 - `round-robin`: what a plain Service in front of the controllers gives;
 - `load`: the endpoint picker with its queue and KV-cache scorers only (weights 2,2,0);
 - `epp`: the endpoint picker as the chart configures it (queue 2, KV cache 2, prefix 1);
