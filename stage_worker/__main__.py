@@ -170,6 +170,13 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
         help="CPU bf16, one thread: run steps of up to 2 tokens on a streaming GEMV kernel "
         "(built with the system C compiler); holds the linear weights twice",
     )
+    p.add_argument(
+        "--fused-ops",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: norms, rotary and SiLU-times-up as fused Triton kernels "
+        "(--no-fused-ops: torch's own ops)",
+    )
 
 
 def add_control_link_flags(p: argparse.ArgumentParser) -> None:
@@ -215,6 +222,7 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         gpu_cache_fraction=a.gpu_memory_fraction,
         send_slices=a.send_slices,
         small_batch_kernel=a.small_batch_kernel,
+        fused_ops=a.fused_ops,
         controller_timeout_s=a.controller_timeout,
         curve_server_key_file=a.curve_server_key_file,
         curve_key_file=a.curve_key_file,

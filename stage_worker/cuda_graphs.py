@@ -29,9 +29,15 @@ logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_TABLE_BLOCKS = 16
-"""The smallest block-table bucket; buckets double from it (wasted attention stays under 2x)."""
+"""The smallest block-table bucket."""
 MAX_TABLE_BLOCKS = 1024
 """Contexts beyond this many blocks (16k tokens of 16-token blocks) decode eagerly."""
+TABLE_BUCKETS = tuple(
+    sorted({b for k in range(4, 11) for b in (2**k, 3 * 2 ** (k - 1)) if b <= MAX_TABLE_BLOCKS})
+)
+"""16, 24, 32, 48, 64, ..., 1024: powers of two and the midpoints between them, so a graph
+attends over at most 1.5x the blocks its longest context needs. With doubling alone, 513-token
+contexts (33 blocks) padded to 64 and made graphs slower than eager from batch 32 (H200)."""
 
 
 def bucket_of(seqs: list[SeqSlice], block_size: int) -> tuple[int, int] | None:
@@ -40,10 +46,8 @@ def bucket_of(seqs: list[SeqSlice], block_size: int) -> tuple[int, int] | None:
         return None
     batch = next((b for b in BATCH_BUCKETS if b >= len(seqs)), None)
     longest = max(-(-s.context_len // block_size) for s in seqs)
-    table = MIN_TABLE_BLOCKS
-    while table < longest:
-        table *= 2
-    if batch is None or table > MAX_TABLE_BLOCKS:
+    table = next((t for t in TABLE_BUCKETS if t >= longest), None)
+    if batch is None or table is None:
         return None
     return batch, table
 
@@ -57,10 +61,15 @@ class StaticDecodeAttention:
         self.max_context_len = block_table.shape[1] * block_size
         self._positions = torch.arange(self.max_context_len, device=block_table.device)
 
+        self._mask: torch.Tensor | None = None
+
     def prepare(
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
-        """Nothing per step: the buffers are the plan."""
+        """Once per step, before the first layer (so inside the captured graph): the mask of
+        each row's context, shared by every layer."""
+        # [B, 1, 1, M * block_size] True = attend
+        self._mask = (self._positions[None, :] < self.context_lens[:, None])[:, None, None, :]
 
     def forward(
         self,
@@ -72,10 +81,10 @@ class StaticDecodeAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         # q: [B, Hq, D]; k, v: [B, Hkv, D] -> [B, Hq, D]
+        assert self._mask is not None, "prepare() runs before the first layer"
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        mask = (self._positions[None, :] < self.context_lens[:, None])[:, None, None, :]
         return paged_decode(
-            q, k_cache, v_cache, self.block_table.flatten(), self.max_context_len, mask
+            q, k_cache, v_cache, self.block_table.flatten(), self.max_context_len, self._mask
         )
 
 

@@ -35,7 +35,7 @@ from stage_worker.config import ShardSpec, load_spec
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
-from stage_worker.layers import gemv
+from stage_worker.layers import fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
@@ -91,6 +91,8 @@ class WorkerConfig:
     small_batch_kernel: bool = False
     """CPU bf16, one thread: steps of up to 2 tokens run a streaming GEMV kernel (decode of one
     token about 1.6x faster) at the cost of a second copy of the linear weights."""
+    fused_ops: bool = True
+    """CUDA: norms, rotary and SiLU-times-up run as fused Triton kernels (layers/fused.py)."""
     cuda_graphs: bool = False
     """On CUDA with TP=1: decode steps replay CUDA graphs captured per batch bucket. Off until
     tests/gpu has passed on a GPU (it has not yet: BENCHMARKS.md, GPU section)."""
@@ -298,6 +300,7 @@ class StageWorker:
             torch.set_num_threads(cfg.num_threads)
         if cfg.small_batch_kernel:
             gemv.enable()
+        fused.set_enabled(cfg.fused_ops)
         while True:
             try:
                 return self._join_and_serve()

@@ -4,7 +4,8 @@
 # writes everything to OUT_DIR:
 #   tests  tests/gpu (JUnit XML and a log), the PP 2 local cluster on one GPU among them;
 #   bench  the stage benchmarks of a Mistral-7B-shaped model with random bf16 weights (JSON and
-#          a table each);
+#          a table each: torch attention with and without the fused kernels, flashinfer), and
+#          where a decode step's time goes (tools/gpu_decode_profile.py, batch 1 and 32);
 #   live-sarathi, live-vllm
 #          each policy's capacity on a local cluster (PP 1) of that model at the strict SLO,
 #          lengths from the arxiv trace (JSON and a log); a part each, to fit a call.
@@ -62,7 +63,7 @@ bench() {  # bench NAME ARGS...: the stage benchmark as JSON and as a table
   python3 - "$out/$name.json" <<'PY' | tee "$out/$name.md"
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"{r['model']} on {r['device_name']}, attention={r['attention']}: copy {r['copy_bandwidth_gb_s']:.0f} GB/s, "
+print(f"{r['model']} on {r['device_name']}, attention={r['attention']}, fused ops {r['fused_ops']}: copy {r['copy_bandwidth_gb_s']:.0f} GB/s, "
       f"decode floor {r['decode_floor_ms']:.2f} ms, matmul {r['matmul_tflop_s']:.0f} TFLOP/s, "
       f"prefill ceiling {r['prefill_ceiling_tokens_s']:,.0f} tokens/s")
 for row in r["rows"]:
@@ -75,7 +76,12 @@ PY
 }
 if [[ $parts == *" bench "* ]]; then
   bench stage-torch --attention torch
+  bench stage-torch-unfused --attention torch --no-fused-ops
   bench stage-flashinfer --attention flashinfer --no-cuda-graphs
+  # where a decode step's time goes: kernels, kernel time and wall time, fused or not
+  for batch in 1 32; do
+    python3 tools/gpu_decode_profile.py --batch $batch >"$out/decode-profile-b$batch.md" || status=1
+  done
 fi
 
 # An array, not a function: `timeout` runs commands, and cannot run a shell function.

@@ -21,7 +21,6 @@ class FlashInferAttention:
         # Imported only here: the package exists on CUDA machines only.
         flashinfer = importlib.import_module("flashinfer")
 
-        self._device = device
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
 
@@ -41,7 +40,9 @@ class FlashInferAttention:
             last_page_len.append(s.context_len - (num_pages - 1) * bs)
 
         def i32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=self._device)
+            # on the host: plan() reads the indptrs there to split the work, and copies what the
+            # kernel needs to the GPU itself (device tensors would cost a sync each)
+            return torch.tensor(values, dtype=torch.int32)
 
         self._wrapper.plan(
             i32(qo_indptr),

@@ -1,7 +1,7 @@
 """Tensor-parallel building blocks. Each layer holds only its rank's share of the weights;
 collectives are called by the model code, where a reader can see them."""
 
-from stage_worker.layers import onednn
+from stage_worker.layers import fused, onednn
 from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from stage_worker.layers.linear import ColumnParallelLinear, RowParallelLinear, ShardedLinear
 from stage_worker.layers.norm import LayerNorm, RMSNorm
@@ -16,5 +16,6 @@ __all__ = [
     "RowParallelLinear",
     "ShardedLinear",
     "VocabParallelEmbedding",
+    "fused",
     "onednn",
 ]

@@ -7,6 +7,7 @@ import math
 import torch
 
 from stage_worker.config import RopeScaling
+from stage_worker.layers import fused
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -43,7 +44,11 @@ class RotaryEmbedding:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, heads, head_dim]
+        # x: [num_tokens, heads, head_dim]; cos, sin: [num_tokens, 1, head_dim]
+        kernels = fused.kernels_for(x)
+        if kernels is not None:
+            out: torch.Tensor = kernels.rotary(x, cos, sin)
+            return out
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

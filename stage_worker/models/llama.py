@@ -14,7 +14,13 @@ from stage_worker.attention import AttentionBackend, AttentionMetadata
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec
-from stage_worker.layers import ColumnParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear
+from stage_worker.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    fused,
+)
 from stage_worker.models.base import StageLayer, StageModel
 
 
@@ -91,8 +97,18 @@ class LlamaLayer(StageLayer):
         q, k = qk.split([nq, nkv], dim=1)  # [T, nq, d], [T, nkv, d]
         attn = attention.forward(q, k, v.view(-1, nkv, d), kv[0], kv[1], meta)  # [T, nq, d]
         x = x + self.tp.all_reduce(self.o_proj(attn.reshape(-1, nq * d)))
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)  # [T, F] each
-        return x + self.tp.all_reduce(self.down(nn.functional.silu(gate) * up))
+        gate_up = self.gate_up(self.post_norm(x))  # [T, 2F]
+        return x + self.tp.all_reduce(self.down(silu_mul(gate_up)))
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2F] -> silu(gate) * up [T, F], one fused kernel on CUDA."""
+    kernels = fused.kernels_for(gate_up)
+    if kernels is not None:
+        out: torch.Tensor = kernels.silu_mul(gate_up)
+        return out
+    gate, up = gate_up.chunk(2, dim=-1)  # [T, F] each
+    return nn.functional.silu(gate) * up
 
 
 class LlamaStage(StageModel):

@@ -22,9 +22,13 @@ def decodes(context_lens: list[int]) -> list[SeqSlice]:
     return seqs
 
 
-def test_buckets_pad_the_batch_and_the_table_to_powers_of_two() -> None:
+def test_buckets_pad_the_batch_to_a_power_of_two_and_the_table_by_at_most_half() -> None:
     assert bucket_of(decodes([5]), BS) == (1, 16)
-    assert bucket_of(decodes([5, 300, 17]), BS) == (4, 32)  # 300 tokens: 19 blocks -> 32
+    assert bucket_of(decodes([5, 300, 17]), BS) == (4, 24)  # 300 tokens: 19 blocks -> 24
+    assert bucket_of(decodes([513] * 32), BS) == (32, 48)  # 33 blocks: 48, not 64
+    for blocks in range(1, MAX_TABLE_BLOCKS + 1):
+        _, table = bucket_of(decodes([blocks * BS]), BS) or (0, 0)
+        assert blocks <= table <= max(16, 1.5 * blocks), blocks
     assert bucket_of(decodes([1] * 33), BS) == (64, 16)
     assert bucket_of(decodes([1] * 257), BS) is None  # beyond the largest batch bucket
     assert bucket_of(decodes([MAX_TABLE_BLOCKS * BS + 1]), BS) is None
@@ -58,6 +62,7 @@ def test_static_attention_equals_the_torch_backend_and_pads_into_scratch() -> No
     slots = torch.cat([meta.slot_mapping, torch.full((batch - 4,), scratch * BS)])
     padded_meta = AttentionMetadata([], torch.zeros(batch, dtype=torch.int64), slots, BS)
     kc2, vc2 = k_cache.clone(), v_cache.clone()
+    static.prepare(padded_meta, heads, kv_heads, dim)
     got = static.forward(q, k, v, kc2, vc2, padded_meta)
     torch.testing.assert_close(got[:4], expected)
     # every block but the scratch one ends as the torch backend left it

@@ -38,7 +38,7 @@ from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec, load_spec, spec_from_config
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import ShardedLinear, gemv
+from stage_worker.layers import ShardedLinear, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 
 logger = logging.getLogger(__name__)
@@ -221,6 +221,8 @@ class Report:
     device_name: str
     attention: str
     small_batch_kernel: bool
+    fused_ops: bool
+    """CUDA: the fused Triton kernels (layers/fused.py) ran the elementwise ops."""
     cpu_attention_kernel: bool
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
     threads: int
@@ -270,6 +272,7 @@ def make_report(
         device_name=torch.cuda.get_device_name(args.device) if cuda else "cpu",
         attention=args.attention,
         small_batch_kernel=args.small_batch_kernel,
+        fused_ops=args.fused_ops and args.device.startswith("cuda"),
         cpu_attention_kernel=not cuda and cpu_kernel.available(),
         threads=torch.get_num_threads(),
         context_tokens=args.context_tokens,
@@ -346,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
     if args.small_batch_kernel:
         gemv.enable()
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
+    fused.set_enabled(args.fused_ops)
     model, name = load_model(args, DTYPES[args.dtype])
     bench = StageBench(
         model,
@@ -443,6 +447,13 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="on CUDA, also time each decode point replayed from a CUDA graph",
+    )
+    p.add_argument(
+        "--fused-ops",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: norms, rotary and SiLU-times-up as fused Triton kernels "
+        "(--no-fused-ops: torch's own ops, to compare)",
     )
     p.add_argument(
         "--matmul-size",
