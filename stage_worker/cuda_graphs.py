@@ -4,11 +4,14 @@ An eager decode step launches about a dozen kernels per layer, each a few micros
 small batches, so on a fast GPU the CPU's launches, not the GPU, set the pace. Serving engines
 capture the decode step once per batch-size bucket and replay it; so does this module.
 
-A step of decodes only (one token per sequence) is padded up to a (batch, block-table) bucket
-and replayed from that bucket's graph, captured on first use. The graph's attention reads a
-static block table [B, M] and context lengths [B]; positions past a context are masked, so one
-graph serves every mix of lengths up to M blocks. Padding rows write their K and V into the
-cache's scratch block and attend to that block alone, so they never touch a sequence's blocks.
+A step of decodes only (one token per sequence) is padded up to a batch bucket and replayed from
+that bucket's graph, captured on first use. Padding rows write their K and V into the cache's
+scratch block and attend to that block alone, so they never touch a sequence's blocks. Before
+each replay the attention's `load` puts the step's block tables where the graph reads them:
+- torch attention (StaticDecodeAttention) reads a static table [B, M] and context lengths [B]
+  and masks positions past a context, so its graphs are per (batch, table size) bucket;
+- flashinfer (attention.flashinfer_backend.FlashInferGraphDecode) plans ragged tables on the
+  host into fixed buffers: one graph per batch bucket serves every context up to the largest.
 Other steps (prompt chunks, larger batches, longer contexts) run eagerly.
 """
 
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from stage_worker.attention import AttentionMetadata, SeqSlice
+from stage_worker.attention import AttentionBackend, AttentionMetadata, SeqSlice
 from stage_worker.attention.base import write_kv
 from stage_worker.attention.torch_backend import paged_decode
 from stage_worker.kv_cache import KVCache
@@ -52,16 +56,40 @@ def bucket_of(seqs: list[SeqSlice], block_size: int) -> tuple[int, int] | None:
     return batch, table
 
 
+class GraphAttention(AttentionBackend, Protocol):
+    """An attention backend whose per-step state lives in buffers a graph captured."""
+
+    def load(self, seqs: list[SeqSlice], scratch_block: int) -> None:
+        """On the host, before a replay: the step's tables where the graph reads them; rows
+        past `seqs` are padding that attends one slot of the scratch block."""
+        ...
+
+
 class StaticDecodeAttention:
-    """Decode attention over buffers that stay put between replays (filled by _DecodeGraph)."""
+    """Torch decode attention over a block table and context lengths that stay put between
+    replays (filled by `load`)."""
 
-    def __init__(self, block_table: torch.Tensor, context_lens: torch.Tensor, block_size: int):
-        self.block_table = block_table  # [B, M] int64
-        self.context_lens = context_lens  # [B] int64
-        self.max_context_len = block_table.shape[1] * block_size
-        self._positions = torch.arange(self.max_context_len, device=block_table.device)
-
+    def __init__(self, batch: int, table: int, block_size: int, device: str) -> None:
+        # [B * M + B] int64: the block table, then the context lengths (one copy from the host)
+        self._table_and_lens = torch.zeros(batch * table + batch, dtype=torch.int64, device=device)
+        self.block_table = self._table_and_lens[: batch * table].view(batch, table)  # [B, M]
+        self.context_lens = self._table_and_lens[batch * table :]  # [B]
+        self.block_size = block_size
+        self.max_context_len = table * block_size
+        self._positions = torch.arange(self.max_context_len, device=device)
         self._mask: torch.Tensor | None = None
+
+    def load(self, seqs: list[SeqSlice], scratch_block: int) -> None:
+        (batch, table), bs = self.block_table.shape, self.block_size
+        host: list[int] = []
+        for s in seqs:
+            used = s.block_ids[: -(-s.context_len // bs)]
+            host.extend(used)
+            host.extend([scratch_block] * (table - len(used)))
+        host.extend([scratch_block] * (table * (batch - len(seqs))))
+        host.extend(s.context_len for s in seqs)
+        host.extend([1] * (batch - len(seqs)))
+        self._table_and_lens.copy_(torch.tensor(host, dtype=torch.int64), non_blocking=False)
 
     def prepare(
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
@@ -96,24 +124,28 @@ class _DecodeGraph:
     """[B] int64 token ids (first stage) or [B, hidden] activations."""
     meta: AttentionMetadata
     """positions [B] and slot_mapping [B] are static buffers."""
-    table_and_lens: torch.Tensor
-    """[B * M + B] int64: the block table, then the context lengths (one copy from the host)."""
-    attention: StaticDecodeAttention
+    attention: GraphAttention
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
     """[B, hidden] written by each replay."""
 
 
 class DecodeGraphs:
-    """Captured decode steps of one stage model over one KV cache."""
+    """Captured decode steps of one stage model over one KV cache, with torch or flashinfer
+    attention."""
 
-    def __init__(self, model: StageModel, kv_cache: KVCache) -> None:
+    def __init__(self, model: StageModel, kv_cache: KVCache, attention: str = "torch") -> None:
         if not str(model.device).startswith("cuda"):
             raise ValueError(f"CUDA graphs need a CUDA device, not {model.device}")
+        if attention not in ("torch", "flashinfer"):
+            raise ValueError(f"attention={attention!r}: must be torch or flashinfer")
         self.model = model
         self.kv_cache = kv_cache
+        self.attention = attention
         self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every graph
+        self._workspace: torch.Tensor | None = None
+        """flashinfer's float workspace, shared by every graph's wrapper."""
 
     @property
     def num_captured(self) -> int:
@@ -125,6 +157,8 @@ class DecodeGraphs:
         key = bucket_of(meta.seqs, self.kv_cache.block_size)
         if key is None:
             return None
+        if self.attention == "flashinfer":  # ragged tables: one graph per batch
+            key = (key[0], MAX_TABLE_BLOCKS)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs[key] = self._capture(*key)
@@ -136,34 +170,33 @@ class DecodeGraphs:
 
     def _load(self, entry: _DecodeGraph, meta: AttentionMetadata, inputs: torch.Tensor) -> None:
         n, cache = len(meta.seqs), self.kv_cache
-        batch, table = entry.attention.block_table.shape
-        scratch = cache.scratch_block
-        host: list[int] = []
-        for s in meta.seqs:
-            used = s.block_ids[: -(-s.context_len // cache.block_size)]
-            host.extend(used)
-            host.extend([scratch] * (table - len(used)))
-        host.extend([scratch] * (table * (batch - n)))
-        host.extend(s.context_len for s in meta.seqs)
-        host.extend([1] * (batch - n))  # padding rows attend to one scratch slot
-        entry.table_and_lens.copy_(torch.tensor(host, dtype=torch.int64), non_blocking=False)
+        batch = entry.inputs.shape[0]
+        entry.attention.load(meta.seqs, cache.scratch_block)
         entry.meta.positions[:n].copy_(meta.positions)
         entry.meta.slot_mapping[:n].copy_(meta.slot_mapping)
         entry.inputs[:n].copy_(inputs)
         if n < batch:
             entry.meta.positions[n:].zero_()
-            entry.meta.slot_mapping[n:].fill_(scratch * cache.block_size)
+            entry.meta.slot_mapping[n:].fill_(cache.scratch_block * cache.block_size)
             entry.inputs[n:].zero_()
+
+    def _graph_attention(self, batch: int, table: int) -> GraphAttention:
+        model, cache = self.model, self.kv_cache
+        if self.attention == "torch":
+            return StaticDecodeAttention(batch, table, cache.block_size, model.device)
+        # imported only here: flashinfer exists on CUDA machines only
+        from stage_worker.attention.flashinfer_backend import WORKSPACE_BYTES, FlashInferGraphDecode
+
+        if self._workspace is None:
+            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=model.device)
+        heads = (model.num_q_heads_local, model.num_kv_heads_local, model.spec.head_dim)
+        return FlashInferGraphDecode(
+            self._workspace, batch, table, heads, cache.block_size, model.dtype
+        )
 
     def _capture(self, batch: int, table: int) -> _DecodeGraph:
         model, cache, device = self.model, self.kv_cache, self.model.device
         scratch_slot = cache.scratch_block * cache.block_size
-        table_and_lens = torch.full(
-            (batch * table + batch,), cache.scratch_block, dtype=torch.int64, device=device
-        )
-        table_and_lens[batch * table :] = 1
-        block_table = table_and_lens[: batch * table].view(batch, table)
-        lens = table_and_lens[batch * table :]
         if model.embed is not None:
             inputs = torch.zeros(batch, dtype=torch.int64, device=device)
         else:
@@ -174,9 +207,9 @@ class DecodeGraphs:
             slot_mapping=torch.full((batch,), scratch_slot, dtype=torch.int64, device=device),
             block_size=cache.block_size,
         )
-        entry = _DecodeGraph(
-            inputs, meta, table_and_lens, StaticDecodeAttention(block_table, lens, cache.block_size)
-        )
+        attention = self._graph_attention(batch, table)
+        attention.load([], cache.scratch_block)  # every row padding until the first replay
+        entry = _DecodeGraph(inputs, meta, attention)
 
         def step() -> torch.Tensor:
             return model(entry.inputs, entry.meta, cache, entry.attention)
@@ -192,5 +225,8 @@ class DecodeGraphs:
         entry.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(entry.graph, pool=self._pool):
             entry.out = step()
-        logger.info("captured the decode step for batch %d, %d-block tables", batch, table)
+        logger.info(
+            "captured the decode step for batch %d, %d-block tables, %s attention",
+            batch, table, self.attention,
+        )  # fmt: skip
         return entry

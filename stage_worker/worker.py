@@ -487,7 +487,7 @@ class StageWorker:
             # Capturing the TP all-reduce needs NCCL's graph support, not yet run on hardware.
             logger.info("CUDA graphs off: TP=%d (graphs run with TP=1 only)", model.shard.tp)
             return None
-        return DecodeGraphs(model, cache)
+        return DecodeGraphs(model, cache, self.config.attention)
 
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:

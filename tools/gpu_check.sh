@@ -4,8 +4,11 @@
 # writes everything to OUT_DIR:
 #   tests  tests/gpu (JUnit XML and a log), the PP 2 local cluster on one GPU among them;
 #   bench  the stage benchmarks of a Mistral-7B-shaped model with random bf16 weights (JSON and
-#          a table each: torch attention with and without the fused kernels, flashinfer), and
-#          where a decode step's time goes (tools/gpu_decode_profile.py, batch 1 and 32);
+#          a table each), torch attention and flashinfer, each decode point eager and from a
+#          CUDA graph;
+#   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
+#   profile  where a decode step's time goes, batch 1 and 32 (tools/gpu_decode_profile.py; the
+#          backends in GPU_PROFILE_ATTENTION, default "torch flashinfer");
 #   live-sarathi, live-vllm
 #          each policy's capacity on a local cluster (PP 1) of that model at the strict SLO,
 #          lengths from the arxiv trace (JSON and a log); a part each, to fit a call.
@@ -15,8 +18,8 @@
 # WHEEL_DIR (default .whl) holds the wheels to install with --no-deps into a private folder
 # (flashinfer-python and apache-tvm-ffi, pyzmq, the HTTP and gRPC stack at this project's
 # versions); pip is not asked to reach any index.
-# GPU_CHECK_PARTS (default "tests bench live-sarathi live-vllm") picks parts, so that each fits
-# a call's time limit. The live parts write their model once, to GPU_CHECK_MODEL_DIR (default
+# GPU_CHECK_PARTS (default "tests bench bench-unfused profile live-sarathi live-vllm") picks
+# parts, so that each fits a call's time limit. The live parts write their model once, to GPU_CHECK_MODEL_DIR (default
 # /tmp/gpu_check_model, 14.5 GB), and keep the strict SLO the first of them measured there, so
 # that both policies are held to the same one. GPU_CHECK_DEVICE (default cuda) and
 # GPU_CHECK_SHAPE (default mistral-7b) let them run on the CPU with a small shape as a dry run;
@@ -46,7 +49,7 @@ export PYTHONUNBUFFERED=1
   python3 -c 'import flashinfer; print("flashinfer", flashinfer.__version__)' 2>&1 | tail -1
 } | tee "$out/device.txt"
 
-parts=" ${GPU_CHECK_PARTS:-tests bench live-sarathi live-vllm} "
+parts=" ${GPU_CHECK_PARTS:-tests bench bench-unfused profile live-sarathi live-vllm} "
 status=0
 if [[ $parts == *" tests "* ]]; then
   timeout "${GPU_TESTS_TIMEOUT_S:-420}" python3 -m pytest tests/gpu -v -p no:cacheprovider \
@@ -76,11 +79,18 @@ PY
 }
 if [[ $parts == *" bench "* ]]; then
   bench stage-torch --attention torch
+  bench stage-flashinfer --attention flashinfer
+fi
+if [[ $parts == *" bench-unfused "* ]]; then
   bench stage-torch-unfused --attention torch --no-fused-ops
-  bench stage-flashinfer --attention flashinfer --no-cuda-graphs
+fi
+if [[ $parts == *" profile "* ]]; then
   # where a decode step's time goes: kernels, kernel time and wall time, fused or not
-  for batch in 1 32; do
-    python3 tools/gpu_decode_profile.py --batch $batch >"$out/decode-profile-b$batch.md" || status=1
+  for attention in ${GPU_PROFILE_ATTENTION:-torch flashinfer}; do
+    for batch in 1 32; do
+      python3 tools/gpu_decode_profile.py --attention "$attention" --batch $batch \
+        >"$out/profile-$attention-b$batch.md" || status=1
+    done
   done
 fi
 

@@ -75,14 +75,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="mistral-7b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context-tokens", type=int, default=512)
+    p.add_argument("--attention", choices=["torch", "flashinfer"], default="torch")
     p.add_argument("--device", default="cuda", help="cuda; cpu only to try the script")
     args = p.parse_args(argv)
     spec = spec_from_config(shape_config(args.shape))
     model = random_stage(spec, args.device, torch.bfloat16)
-    bench = StageBench(model, args.context_tokens, "torch", max_batch=args.batch, max_chunk=16)
+    bench = StageBench(
+        model, args.context_tokens, args.attention, max_batch=args.batch, max_chunk=16
+    )
     step = partial(bench.step, bench.decode_seqs(args.batch))
     print(
-        f"{args.shape}, decode batch {args.batch}, {args.context_tokens}-token contexts, "
+        f"{args.shape}, {args.attention} attention, decode batch {args.batch}, "
+        f"{args.context_tokens}-token contexts, "
         f"{model.param_bytes / 1e9:.2f} GB of weights, {args.device}"
     )
     for fused_on in (False, True):

@@ -9,7 +9,7 @@ import importlib
 
 import torch
 
-from stage_worker.attention.base import AttentionMetadata, write_kv
+from stage_worker.attention.base import AttentionMetadata, SeqSlice, write_kv
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -71,3 +71,89 @@ class FlashInferAttention:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out: torch.Tensor = self._wrapper.run(q.contiguous(), (k_cache, v_cache))
         return out  # [T, Hq, D]
+
+
+class FlashInferGraphDecode:
+    """Decode attention for a captured CUDA graph: flashinfer's kernel over index buffers of a
+    fixed batch, so one graph per batch size serves every mix of context lengths (the torch
+    path needs a graph per table size too: cuda_graphs.StaticDecodeAttention). `load` plans on
+    the host before every replay and fills the buffers the captured kernel reads."""
+
+    def __init__(
+        self,
+        workspace: torch.Tensor,
+        batch: int,
+        max_blocks: int,
+        heads: tuple[int, int, int],
+        block_size: int,
+        dtype: torch.dtype,
+    ) -> None:
+        flashinfer = importlib.import_module("flashinfer")
+        device = workspace.device
+        self.batch, self.max_blocks, self.block_size, self.dtype = (
+            batch,
+            max_blocks,
+            block_size,
+            dtype,
+        )
+        self.q_heads, self.kv_heads, self.head_dim = heads
+
+        def buffer(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int32, device=device)
+
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            workspace,  # shared by every graph's wrapper: graphs replay one at a time
+            "NHD",
+            use_cuda_graph=True,
+            qo_indptr_buf=buffer(batch + 1),
+            paged_kv_indptr_buf=buffer(batch + 1),
+            paged_kv_indices_buf=buffer(batch * max_blocks),
+            paged_kv_last_page_len_buf=buffer(batch),
+        )
+
+    def load(self, seqs: list[SeqSlice], scratch_block: int) -> None:
+        """Plans the step of `seqs` (decodes, at most `batch`); the rows up to `batch` are
+        padding that attends one slot of the scratch block."""
+        bs = self.block_size
+        kv_indptr, indices, last_page_len = [0], list[int](), list[int]()
+        for s in seqs:
+            pages = -(-s.context_len // bs)
+            indices.extend(s.block_ids[:pages])
+            kv_indptr.append(kv_indptr[-1] + pages)
+            last_page_len.append(s.context_len - (pages - 1) * bs)
+        for _ in range(self.batch - len(seqs)):
+            indices.append(scratch_block)
+            kv_indptr.append(kv_indptr[-1] + 1)
+            last_page_len.append(1)
+        self._wrapper.plan(
+            torch.arange(self.batch + 1, dtype=torch.int32),
+            torch.tensor(kv_indptr, dtype=torch.int32),
+            torch.tensor(indices, dtype=torch.int32),
+            torch.tensor(last_page_len, dtype=torch.int32),
+            self.q_heads,
+            self.kv_heads,
+            self.head_dim,
+            bs,
+            causal=True,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+
+    def prepare(
+        self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
+    ) -> None:
+        """Nothing inside the graph: `load` planned the step before the replay."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        # q: [B, Hq, D]; k, v: [B, Hkv, D] -> [B, Hq, D]
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out: torch.Tensor = self._wrapper.run(q.contiguous(), (k_cache, v_cache))
+        return out

@@ -115,6 +115,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         _rotary_kernel[(tokens,)](
             x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), heads, half,
             BLOCK_HEADS=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(half),
+            enable_fp_fusion=False,  # no multiply-add contraction: round each product as torch does
         )  # fmt: skip
     return out
 

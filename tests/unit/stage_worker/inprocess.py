@@ -39,6 +39,7 @@ def make_runners(
     device: str = "cpu",
     cuda_graphs: bool = False,
     layer_split: tuple[int, ...] = (),
+    attention: str = "torch",
 ) -> list[StageRunner]:
     spec = load_spec(model_dir)
     reader = CheckpointReader(model_dir)
@@ -55,9 +56,9 @@ def make_runners(
             device,
             dtype,
         )
-        graphs = DecodeGraphs(model, cache) if cuda_graphs else None
-        attention = make_backend("torch", device)
-        runners.append(StageRunner(model, cache, attention, graphs, str(model_dir)))
+        graphs = DecodeGraphs(model, cache, attention) if cuda_graphs else None
+        backend = make_backend(attention, device)
+        runners.append(StageRunner(model, cache, backend, graphs, str(model_dir)))
     reader.close()
     return runners
 

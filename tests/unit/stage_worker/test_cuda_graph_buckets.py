@@ -54,11 +54,9 @@ def test_static_attention_equals_the_torch_backend_and_pads_into_scratch() -> No
     kc, vc = k_cache.clone(), v_cache.clone()
     expected = ref_backend.forward(q[:4], k[:4], v[:4], kc, vc, meta)
 
-    rows = [list(s.block_ids) + [scratch] * (table - len(s.block_ids)) for s in seqs]
-    rows += [[scratch] * table] * (batch - len(seqs))
-    static = StaticDecodeAttention(
-        torch.tensor(rows), torch.tensor(lens + [1] * (batch - len(seqs))), BS
-    )
+    static = StaticDecodeAttention(batch, table, BS, "cpu")
+    static.load(seqs, scratch)
+    assert static.block_table[4:].eq(scratch).all() and static.context_lens[4:].eq(1).all()
     slots = torch.cat([meta.slot_mapping, torch.full((batch - 4,), scratch * BS)])
     padded_meta = AttentionMetadata([], torch.zeros(batch, dtype=torch.int64), slots, BS)
     kc2, vc2 = k_cache.clone(), v_cache.clone()

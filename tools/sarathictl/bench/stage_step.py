@@ -140,6 +140,7 @@ class StageBench:
             model.device, model.dtype,
         )  # fmt: skip
         self.blocks_per_seq = blocks_per_seq
+        self.attention_name = attention
         self.attention = make_backend(attention, model.device)
         self.use_graphs = False
         """Replay decode steps from CUDA graphs (captured on first use)."""
@@ -153,7 +154,7 @@ class StageBench:
         ids = torch.randint(0, self.model.spec.vocab_size, (num_tokens,), device=self.model.device)
         hidden = None
         if self.use_graphs:
-            self._graphs = self._graphs or DecodeGraphs(self.model, self.cache)
+            self._graphs = self._graphs or DecodeGraphs(self.model, self.cache, self.attention_name)
             hidden = self._graphs.run(meta, ids)
         if hidden is None:
             hidden = self.model(ids, meta, self.cache, self.attention)
