@@ -66,7 +66,7 @@ class ParallelLMHead(nn.Module):
 
     def pack(self, shared_with_embedding: bool) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
-        if self.weight.dtype != torch.float32:
+        if self.weight.dtype != torch.float32 and not self.weight.is_cuda:
             self.rows = self.weight.data
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
@@ -80,7 +80,12 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
         weight = self.packed if self.packed is not None else self.weight
-        logits = linear(hidden, weight, self.plain).float()
+        if weight.is_cuda and weight.dtype != torch.float32:
+            # cuBLAS hands the float32 sums back unrounded: no ties made by rounding, nothing
+            # to refine (and no host sync for it)
+            logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        else:
+            logits = linear(hidden, weight, self.plain).float()
         if self.rows is not None:  # rounded to the model dtype: the top ones made exact
             logits = exact_logits.refine(logits, hidden, self.rows)
         if self.tp.size == 1:
