@@ -63,10 +63,13 @@ class ParallelLMHead(nn.Module):
         # (exact_logits.py) of a head that is not float32; an untied CPU bf16 head keeps them
         # beside its oneDNN copy.
         self.rows: torch.Tensor | None = None
+        # CUDA: the matmul writes float32 logits from bf16 inputs (torch.mm's out_dtype)
+        self.float32_out = False
 
     def pack(self, shared_with_embedding: bool) -> None:
         """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
-        if self.weight.dtype != torch.float32 and not self.weight.is_cuda:
+        self.float32_out = self.weight.dtype != torch.float32 and _mm_float32_out(self.weight)
+        if self.weight.dtype != torch.float32 and not self.float32_out:
             self.rows = self.weight.data
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
@@ -80,9 +83,9 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
         weight = self.packed if self.packed is not None else self.weight
-        if weight.is_cuda and weight.dtype != torch.float32:
-            # cuBLAS hands the float32 sums back unrounded: no ties made by rounding, nothing
-            # to refine (and no host sync for it)
+        if self.float32_out:
+            # the float32 sums handed back unrounded: no ties made by rounding, nothing to
+            # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         else:
             logits = linear(hidden, weight, self.plain).float()
@@ -94,3 +97,16 @@ class ParallelLMHead(nn.Module):
         if pad:  # the last rank's share is shorter; all_gather needs equal sizes
             logits = nn.functional.pad(logits, (0, pad), value=float("-inf"))
         return self.tp.all_gather(logits)[:, : self.vocab_size]
+
+
+def _mm_float32_out(weight: torch.Tensor) -> bool:
+    """Whether torch can multiply `weight`'s dtype into float32 on its device (CUDA, torch 2.8
+    and later: mm's out_dtype)."""
+    if not weight.is_cuda:
+        return False
+    probe = torch.ones(2, 2, dtype=weight.dtype, device=weight.device)
+    try:
+        torch.mm(probe, probe, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
