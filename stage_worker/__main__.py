@@ -142,9 +142,9 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="CUDA, TP=1: replay decode steps from CUDA graphs captured per batch bucket "
-        "(not yet run on a GPU, so off by default)",
+        "(--no-cuda-graphs: every step eager)",
     )
     p.add_argument(
         "--comm-backend",
