@@ -22,6 +22,7 @@ kernels = Extension(
         "stage_worker/csrc/module.c",
         "stage_worker/csrc/paged_attention.c",
         "stage_worker/csrc/gemv_bf16.c",
+        "stage_worker/csrc/fused_ops.c",
     ],
     depends=["stage_worker/csrc/kernels.h"],
     # No -march: the kernels pick their instructions with target pragmas (kernels.h) so the

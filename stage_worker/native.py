@@ -3,7 +3,8 @@ stage_worker._kernels when the package is built: no compiler runs on a serving n
 
 Where the module cannot run (an install built without it, another architecture, a CPU without
 AVX-512 and its bf16 instructions) `kernels()` is None, the reason is logged once, and each
-caller keeps its torch path. The module checks every tensor it is handed (dtype, shape,
+caller keeps its torch path. Its fused elementwise ops need only AVX2 and FMA:
+`fused_kernels()` says whether they run. The module checks every tensor it is handed (dtype, shape,
 contiguity, block-table entries) and raises ValueError naming the argument rather than read
 out of bounds.
 """
@@ -42,6 +43,21 @@ def kernels() -> ModuleType | None:
         logger.info("this CPU lacks AVX-512 with bf16; the C kernels stay off, torch runs")
         return None
     logger.info("C kernels loaded from %s (OpenMP: %s)", module.__file__, module.openmp())
+    return module
+
+
+@cache
+def fused_kernels() -> ModuleType | None:
+    """stage_worker._kernels where its fused elementwise ops run (x86-64 with AVX2 and FMA;
+    the AVX-512 kernels need not), else None (the reason logged once)."""
+    try:
+        module = _import()
+    except ImportError as err:
+        logger.warning("the C kernels are not in this install (%s); torch's own ops run", err)
+        return None
+    if not module.fused_supported():
+        logger.info("this CPU lacks AVX2 with FMA; the fused ops stay off, torch's ops run")
+        return None
     return module
 
 

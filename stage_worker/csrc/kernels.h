@@ -1,9 +1,10 @@
 /* The C kernels of stage_worker._kernels (module.c checks every argument, then calls them).
  *
- * Their translation units are compiled for AVX-512 with bf16 instructions through target
- * pragmas below, not through global compiler flags, so that the module's own code (its init,
- * the argument checks) runs on any x86-64 CPU: a CPU without the instructions imports the
- * module, is told so by cpu_supported(), and keeps the torch path.
+ * Their translation units are compiled for their instructions through target pragmas below
+ * (AVX-512 with bf16 for attention and the GEMV, AVX2 with FMA for the fused elementwise ops),
+ * not through global compiler flags, so that the module's own code (its init, the argument
+ * checks) runs on any x86-64 CPU: a CPU without the instructions imports the module, is told
+ * so by cpu_supported() and fused_supported(), and keeps the torch path.
  */
 #ifndef SARATHI_KERNELS_H
 #define SARATHI_KERNELS_H
@@ -28,6 +29,16 @@
 #define SARATHI_AVX512_END _Pragma("GCC pop_options")
 #endif
 
+/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c). */
+#if defined(__clang__)
+#define SARATHI_AVX2_BEGIN                                                                     \
+    _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
+#define SARATHI_AVX2_END _Pragma("clang attribute pop")
+#else
+#define SARATHI_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
+#define SARATHI_AVX2_END _Pragma("GCC pop_options")
+#endif
+
 /* See paged_attention.c. scratch: num_threads blocks of scratch_floats each. */
 void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
@@ -38,5 +49,14 @@ void paged_attention(const void *q, const void *k_cache, const void *v_cache,
 /* See gemv_bf16.c. */
 void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int64_t n, int64_t k,
                uint16_t *y, int64_t ldy);
+
+/* See fused_ops.c. x's rows (and rotary's heads) may be strided; out is compact. */
+void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,
+                    float eps, void *out, int is_bf16);
+void fused_rotary(const void *x, int64_t tokens, int64_t heads, int64_t head_dim,
+                  int64_t ld_token, int64_t ld_head, const void *cos, const void *sin,
+                  void *out, int is_bf16);
+void fused_silu_mul(const void *x, int64_t rows, int64_t ld_x, int64_t width, void *out,
+                    int is_bf16);
 
 #endif

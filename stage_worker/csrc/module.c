@@ -56,48 +56,82 @@ static int fail(const char *name, const char *what) {
     return -1;
 }
 
-/* Reads capsule `obj` into `v`: a CPU tensor of `ndim` dimensions, compact row-major, of
- * dtype int64 (want_float = 0) or bf16/float32 (want_float = 1). 0 on success; -1 with a
+/* The tensor in capsule `obj` if it is a CPU tensor of `ndim` dimensions and dtype int64
+ * (want_float = 0) or bf16/float32 (want_float = 1, v->is_bf16 set); else NULL with a
  * ValueError naming `name`. */
-static int view(PyObject *obj, const char *name, int ndim, int want_float, view_t *v) {
+static const dl_tensor *tensor_of(PyObject *obj, const char *name, int ndim, int want_float,
+                                  view_t *v) {
     dl_managed *managed = PyCapsule_GetPointer(obj, "dltensor");
     if (managed == NULL) {
         PyErr_Clear();
-        return fail(name, "expected an unused DLPack capsule (torch.utils.dlpack.to_dlpack)");
+        fail(name, "expected an unused DLPack capsule (torch.utils.dlpack.to_dlpack)");
+        return NULL;
     }
     const dl_tensor *t = &managed->tensor;
-    if (t->device.device_type != DL_CPU) return fail(name, "not a CPU tensor");
+    if (t->device.device_type != DL_CPU) return fail(name, "not a CPU tensor"), NULL;
     if (t->ndim != ndim) {
         PyErr_Format(PyExc_ValueError, "%s: %d dimensions, expected %d", name, t->ndim, ndim);
-        return -1;
+        return NULL;
     }
     const dl_dtype d = t->dtype;
-    if (d.lanes != 1) return fail(name, "vector dtypes are not taken");
+    if (d.lanes != 1) return fail(name, "vector dtypes are not taken"), NULL;
     if (want_float) {
         if (d.code == DL_BFLOAT && d.bits == 16)
             v->is_bf16 = 1;
         else if (d.code == DL_FLOAT && d.bits == 32)
             v->is_bf16 = 0;
         else
-            return fail(name, "dtype must be bfloat16 or float32");
+            return fail(name, "dtype must be bfloat16 or float32"), NULL;
     } else if (d.code != DL_INT || d.bits != 64) {
-        return fail(name, "dtype must be int64");
+        return fail(name, "dtype must be int64"), NULL;
     }
-    int64_t expected = 1;
-    for (int i = ndim - 1; i >= 0; --i) {
-        if (t->shape[i] < 0) return fail(name, "negative size");
-        if (t->strides != NULL && t->shape[i] > 1 && t->strides[i] != expected)
-            return fail(name, "must be contiguous");
-        expected *= t->shape[i];
+    for (int i = 0; i < ndim; ++i) {
+        if (t->shape[i] < 0) return fail(name, "negative size"), NULL;
         v->shape[i] = t->shape[i];
     }
     v->ndim = ndim;
     v->data = (char *)t->data + t->byte_offset;
+    return t;
+}
+
+/* Reads capsule `obj` into `v`: a CPU tensor of `ndim` dimensions, compact row-major, of
+ * dtype int64 (want_float = 0) or bf16/float32 (want_float = 1). 0 on success; -1 with a
+ * ValueError naming `name`. */
+static int view(PyObject *obj, const char *name, int ndim, int want_float, view_t *v) {
+    const dl_tensor *t = tensor_of(obj, name, ndim, want_float, v);
+    if (t == NULL) return -1;
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        if (t->strides != NULL && t->shape[i] > 1 && t->strides[i] != expected)
+            return fail(name, "must be contiguous");
+        expected *= t->shape[i];
+    }
     return 0;
 }
 
-static int same_dtype(const view_t *a, const view_t *b, const char *name) {
-    return a->is_bf16 == b->is_bf16 ? 0 : fail(name, "dtype differs from q's");
+/* Like view() for a bf16/float32 tensor whose last dimension alone must be contiguous; each
+ * other dimension's stride (in elements, at least the span of the dimensions after it, so that
+ * rows never overlap) goes to strides[i]. */
+static int strided_view(PyObject *obj, const char *name, int ndim, view_t *v, int64_t *strides) {
+    const dl_tensor *t = tensor_of(obj, name, ndim, 1, v);
+    if (t == NULL) return -1;
+    int64_t span = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        const int64_t stride = t->strides != NULL ? t->strides[i] : span;
+        if (i == ndim - 1 && t->shape[i] > 1 && stride != 1)
+            return fail(name, "its last dimension must be contiguous");
+        if (t->shape[i] > 1 && stride < span) return fail(name, "rows must not overlap");
+        strides[i] = i == ndim - 1 ? 1 : stride;
+        span = (t->shape[i] > 1 ? stride : span) * t->shape[i];
+    }
+    return 0;
+}
+
+/* b (named `name`) has the dtype of a (named `ref`). */
+static int same_dtype(const view_t *a, const view_t *b, const char *name, const char *ref) {
+    if (a->is_bf16 == b->is_bf16) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: dtype differs from %s's", name, ref);
+    return -1;
 }
 
 static int kernels_run_here(void) {
@@ -153,8 +187,8 @@ static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
         view(lens_obj, "context_lens", 1, 0, &lens) ||
         view(scratch_obj, "scratch", 1, 1, &scratch) || view(out_obj, "out", 3, 1, &out))
         return NULL;
-    if (same_dtype(&q, &k, "k_cache") || same_dtype(&q, &v, "v_cache") ||
-        same_dtype(&q, &out, "out"))
+    if (same_dtype(&q, &k, "k_cache", "q") || same_dtype(&q, &v, "v_cache", "q") ||
+        same_dtype(&q, &out, "out", "q"))
         return NULL;
     const int64_t tokens = q.shape[0], hq = q.shape[1], head_dim = q.shape[2];
     const int64_t num_blocks = k.shape[0], block_size = k.shape[1], hkv = k.shape[2];
@@ -211,6 +245,111 @@ static PyObject *py_gemv_bf16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static int fused_run_here(void) {
+#if SARATHI_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static int refuse_fused_on_this_cpu(void) {
+    if (fused_run_here()) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX2 with FMA: the fused ops cannot run");
+    return -1;
+}
+
+/* Steps this large (elements) release the GIL; smaller ones return before that would pay. */
+#define RELEASE_GIL_FROM 65536
+
+static PyObject *py_fused_rms_norm(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *w_obj, *out_obj;
+    float eps;
+    if (!PyArg_ParseTuple(args, "OOOf:fused_rms_norm", &x_obj, &w_obj, &out_obj, &eps))
+        return NULL;
+    view_t x, w, out;
+    int64_t x_strides[2];
+    if (strided_view(x_obj, "x", 2, &x, x_strides) || view(w_obj, "weight", 1, 1, &w) ||
+        view(out_obj, "out", 2, 1, &out))
+        return NULL;
+    if (same_dtype(&x, &w, "weight", "x") || same_dtype(&x, &out, "out", "x")) return NULL;
+    const int64_t rows = x.shape[0], hidden = x.shape[1];
+    if (w.shape[0] != hidden) return fail("weight", "must be [hidden]"), NULL;
+    if (out.shape[0] != rows || out.shape[1] != hidden) return fail("out", "must be x's shape"), NULL;
+    if (refuse_fused_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    if (rows * hidden >= RELEASE_GIL_FROM) {
+        Py_BEGIN_ALLOW_THREADS;
+        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16);
+        Py_END_ALLOW_THREADS;
+    } else {
+        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16);
+    }
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fused_rotary(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *cos_obj, *sin_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:fused_rotary", &x_obj, &cos_obj, &sin_obj, &out_obj))
+        return NULL;
+    view_t x, cos, sin, out;
+    int64_t x_strides[3];
+    if (strided_view(x_obj, "x", 3, &x, x_strides) || view(cos_obj, "cos", 2, 1, &cos) ||
+        view(sin_obj, "sin", 2, 1, &sin) || view(out_obj, "out", 3, 1, &out))
+        return NULL;
+    if (same_dtype(&x, &cos, "cos", "x") || same_dtype(&x, &sin, "sin", "x") ||
+        same_dtype(&x, &out, "out", "x"))
+        return NULL;
+    const int64_t tokens = x.shape[0], heads = x.shape[1], head_dim = x.shape[2];
+    if (head_dim % 2 || head_dim > 1024) return fail("x", "head_dim must be even, at most 1024"), NULL;
+    if (cos.shape[0] != tokens || cos.shape[1] != head_dim || sin.shape[0] != tokens ||
+        sin.shape[1] != head_dim)
+        return fail("cos", "cos and sin must be [tokens, head_dim]"), NULL;
+    for (int i = 0; i < 3; ++i)
+        if (out.shape[i] != x.shape[i]) return fail("out", "must be x's shape"), NULL;
+    if (refuse_fused_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    fused_rotary(x.data, tokens, heads, head_dim, x_strides[0], x_strides[1], cos.data, sin.data,
+                 out.data, x.is_bf16);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fused_silu_mul(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO:fused_silu_mul", &x_obj, &out_obj)) return NULL;
+    view_t x, out;
+    int64_t x_strides[2];
+    if (strided_view(x_obj, "gate_up", 2, &x, x_strides) || view(out_obj, "out", 2, 1, &out))
+        return NULL;
+    if (same_dtype(&x, &out, "out", "x")) return NULL;
+    const int64_t rows = x.shape[0], width = x.shape[1] / 2;
+    if (x.shape[1] % 2) return fail("gate_up", "its width must be even"), NULL;
+    if (out.shape[0] != rows || out.shape[1] != width)
+        return fail("out", "must be [rows, width / 2]"), NULL;
+    if (refuse_fused_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    if (rows * width >= RELEASE_GIL_FROM) {
+        Py_BEGIN_ALLOW_THREADS;
+        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16);
+        Py_END_ALLOW_THREADS;
+    } else {
+        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16);
+    }
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fused_supported(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(fused_run_here());
+}
+
 static PyObject *py_cpu_supported(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(kernels_run_here());
@@ -234,6 +373,17 @@ static PyMethodDef methods[] = {
     {"gemv_bf16", py_gemv_bf16, METH_VARARGS,
      "gemv_bf16(x, weight, out): DLPack capsules of x [m, k], weight [n, k] and out [m, n], "
      "all bf16 and contiguous; out = x @ weight.T."},
+    {"fused_rms_norm", py_fused_rms_norm, METH_VARARGS,
+     "fused_rms_norm(x, weight, out, eps): x [rows, hidden] (rows may be strided), weight "
+     "[hidden], out [rows, hidden], all bf16 or all float32; out = weight * rms_norm(x)."},
+    {"fused_rotary", py_fused_rotary, METH_VARARGS,
+     "fused_rotary(x, cos, sin, out): x [T, heads, D] (token and head strides free), cos and "
+     "sin [T, D], out [T, heads, D]; out = x rotated, rotate-half form."},
+    {"fused_silu_mul", py_fused_silu_mul, METH_VARARGS,
+     "fused_silu_mul(gate_up, out): gate_up [rows, 2F] (rows may be strided), out [rows, F]; "
+     "out = silu(gate) * up."},
+    {"fused_supported", py_fused_supported, METH_NOARGS,
+     "Whether this CPU runs the fused ops (AVX2 and FMA on x86-64)."},
     {"cpu_supported", py_cpu_supported, METH_NOARGS,
      "Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16 on x86-64)."},
     {"openmp", py_openmp, METH_NOARGS, "Whether the module was built with OpenMP."},

@@ -1,6 +1,8 @@
-"""Whether a step's elementwise work runs as fused Triton kernels (triton_ops.py) or as torch's
-own ops: fused on CUDA unless turned off (`python -m stage_worker --no-fused-ops`, `sarathictl
-bench stage --no-fused-ops`); torch's ops on the CPU, and wherever Triton cannot be imported."""
+"""Whether a step's elementwise work (norms, rotary, SiLU-times-up) runs as fused kernels or as
+torch's own ops: fused unless turned off (`python -m stage_worker --no-fused-ops`, `sarathictl
+bench stage --no-fused-ops`). On CUDA the kernels are Triton's (triton_ops.py); on the CPU the
+package's C module's (cpu_fused.py: x86-64 with AVX2 and FMA). Elsewhere, and wherever those
+cannot load, torch's ops run."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from types import ModuleType
 
 import torch
 
+from stage_worker import native
+
 logger = logging.getLogger(__name__)
 
 _enabled = True
-_kernels: ModuleType | None = None
-_unavailable = False
+_cuda: ModuleType | None = None
+_cuda_unavailable = False
 
 
 def set_enabled(on: bool) -> None:
@@ -23,16 +27,27 @@ def set_enabled(on: bool) -> None:
 
 
 def kernels_for(x: torch.Tensor) -> ModuleType | None:
-    """triton_ops when x's step should use it, else None (torch's ops)."""
-    global _kernels, _unavailable
-    if not (_enabled and x.is_cuda) or _unavailable:
+    """The fused ops' module for x's device (functions rms_norm, rotary, silu_mul), or None
+    for torch's own ops."""
+    if not _enabled or x.dtype not in (torch.float32, torch.bfloat16):
         return None
-    if _kernels is None:
+    if x.is_cuda:
+        return _cuda_kernels()
+    if x.device.type == "cpu" and native.fused_kernels() is not None:
+        from stage_worker.layers import cpu_fused
+
+        return cpu_fused
+    return None
+
+
+def _cuda_kernels() -> ModuleType | None:
+    global _cuda, _cuda_unavailable
+    if _cuda is None and not _cuda_unavailable:
         try:
             from stage_worker.layers import triton_ops
         except ImportError as e:  # a CUDA torch built without Triton
             logger.warning("fused kernels off: %s; torch's own ops instead", e)
-            _unavailable = True
+            _cuda_unavailable = True
             return None
-        _kernels = triton_ops
-    return _kernels
+        _cuda = triton_ops
+    return _cuda

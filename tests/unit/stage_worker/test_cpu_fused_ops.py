@@ -1,0 +1,100 @@
+"""The fused elementwise ops on the CPU (stage_worker/csrc/fused_ops.c through cpu_fused.py)
+against torch's own ops, the path they replace, on the shapes the served models have: strided
+rows as the fused QKV and gate-up matmuls leave them, head sizes that are not powers of two,
+bf16 and float32. Rotary rounds where torch does, so it must be equal bit for bit; RMSNorm's
+sum and SiLU's exp are ordered and approximated differently, which can move a rounded result by
+a step and the scale after it by another: two steps of the dtype."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from stage_worker import native
+from stage_worker.layers import RMSNorm, RotaryEmbedding, cpu_fused, fused
+from stage_worker.models.llama import silu_mul
+
+pytestmark = pytest.mark.skipif(
+    native.fused_kernels() is None, reason="the fused ops need the C module and AVX2 with FMA"
+)
+DTYPES = [torch.bfloat16, torch.float32]
+TOLERANCE = {torch.bfloat16: 2**-6, torch.float32: 1e-5}
+
+
+def rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def torch_ops(fn, *args):  # type: ignore[no-untyped-def]
+    fused.set_enabled(False)
+    try:
+        return fn(*args)
+    finally:
+        fused.set_enabled(True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 12, 64), (7, 10, 80), (130, 9, 128)])
+def test_rotary_equals_torch_bit_for_bit(
+    dtype: torch.dtype, tokens: int, heads: int, head_dim: int
+) -> None:
+    qkv = rand(tokens, (heads + 3) * head_dim, dtype=dtype, seed=tokens + heads)
+    x = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)  # strided rows
+    cos, sin = RotaryEmbedding(head_dim, 10000.0, None, "cpu").cos_sin(
+        torch.randint(0, 8192, (tokens,), generator=torch.Generator().manual_seed(1)), dtype
+    )
+    assert fused.kernels_for(x) is cpu_fused  # what the layers call on this CPU
+    out = cpu_fused.rotary(x, cos, sin)
+    expected = torch_ops(RotaryEmbedding.apply, x, cos, sin)
+    differ = out != expected
+    assert not differ.any(), f"{int(differ.sum())} of {out.numel()} differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 576), (33, 4096), (3, 1000)])
+def test_rms_norm_within_two_rounding_steps_of_torch(
+    dtype: torch.dtype, tokens: int, hidden: int
+) -> None:
+    norm = RMSNorm(hidden, 1e-5, "cpu", dtype)
+    norm.weight.data.copy_(rand(hidden, dtype=dtype, seed=1))
+    x = (rand(tokens, hidden + 64, dtype=dtype, seed=hidden) * 3)[:, :hidden]  # strided rows
+    out, expected = norm(x), torch_ops(norm, x)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "width"), [(1, 1536), (17, 1000), (2, 8)])
+def test_silu_mul_within_two_rounding_steps_of_torch(
+    dtype: torch.dtype, tokens: int, width: int
+) -> None:
+    gate_up = (rand(tokens, 2 * width + 8, dtype=dtype, seed=width) * 6)[:, : 2 * width]
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturating and zero gates
+    out, expected = silu_mul(gate_up), torch_ops(silu_mul, gate_up)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+def test_the_module_names_a_bad_argument() -> None:
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_fused.rms_norm(x, torch.randn(7), 1e-6)
+    with pytest.raises(ValueError, match="weight: dtype differs from x's"):
+        cpu_fused.rms_norm(x, torch.randn(8).to(torch.bfloat16), 1e-6)
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        cpu_fused.silu_mul(torch.randn(8, 4).t())
+    with pytest.raises(ValueError, match="cos"):
+        cpu_fused.rotary(torch.randn(2, 3, 8), torch.randn(2, 1, 6), torch.randn(2, 1, 6))
+
+
+def test_the_switch_falls_back_to_torch_and_triton_is_never_imported() -> None:
+    x = torch.randn(3, 64)
+    fused.set_enabled(False)
+    try:
+        assert fused.kernels_for(x) is None
+    finally:
+        fused.set_enabled(True)
+    assert fused.kernels_for(x) is cpu_fused
+    assert "stage_worker.layers.triton_ops" not in sys.modules
