@@ -36,12 +36,21 @@ MIN_TABLE_BLOCKS = 16
 """The smallest block-table bucket."""
 MAX_TABLE_BLOCKS = 1024
 """Contexts beyond this many blocks (16k tokens of 16-token blocks) decode eagerly."""
-TABLE_BUCKETS = tuple(
-    sorted({b for k in range(4, 11) for b in (2**k, 3 * 2 ** (k - 1)) if b <= MAX_TABLE_BLOCKS})
-)
-"""16, 24, 32, 48, 64, ..., 1024: powers of two and the midpoints between them, so a graph
-attends over at most 1.5x the blocks its longest context needs. With doubling alone, 513-token
-contexts (33 blocks) padded to 64 and made graphs slower than eager from batch 32 (H200)."""
+
+
+def _table_buckets() -> tuple[int, ...]:
+    """16, 24, 32, 48, 64, ..., 1024: the powers of two from MIN_TABLE_BLOCKS and the midpoints
+    between them, so a graph attends over at most 1.5x the blocks its longest context needs.
+    With doubling alone, 513-token contexts (33 blocks) padded to 64 and made graphs slower than
+    eager from batch 32 (H200, BENCHMARKS.md)."""
+    buckets, size = [], MIN_TABLE_BLOCKS
+    while size <= MAX_TABLE_BLOCKS:
+        buckets += [size, size * 3 // 2] if size < MAX_TABLE_BLOCKS else [size]
+        size *= 2
+    return tuple(buckets)
+
+
+TABLE_BUCKETS = _table_buckets()
 
 
 def bucket_of(seqs: list[SeqSlice], block_size: int) -> tuple[int, int] | None:

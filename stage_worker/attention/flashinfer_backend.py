@@ -90,12 +90,9 @@ class FlashInferGraphDecode:
     ) -> None:
         flashinfer = importlib.import_module("flashinfer")
         device = workspace.device
-        self.batch, self.max_blocks, self.block_size, self.dtype = (
-            batch,
-            max_blocks,
-            block_size,
-            dtype,
-        )
+        self.batch = batch
+        self.block_size = block_size
+        self.dtype = dtype
         self.q_heads, self.kv_heads, self.head_dim = heads
 
         def buffer(n: int) -> torch.Tensor:
