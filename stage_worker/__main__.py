@@ -174,8 +174,8 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
         "--fused-ops",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CUDA: norms, rotary and SiLU-times-up as fused Triton kernels "
-        "(--no-fused-ops: torch's own ops)",
+        help="norms, rotary and SiLU-times-up as fused kernels (Triton on CUDA, C on x86-64 "
+        "CPUs with AVX2; --no-fused-ops: torch's own ops)",
     )
 
 

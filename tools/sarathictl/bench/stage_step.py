@@ -223,7 +223,7 @@ class Report:
     attention: str
     small_batch_kernel: bool
     fused_ops: bool
-    """CUDA: the fused Triton kernels (layers/fused.py) ran the elementwise ops."""
+    """The fused kernels (layers/fused.py) ran the elementwise ops."""
     cpu_attention_kernel: bool
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
     threads: int
@@ -273,7 +273,8 @@ def make_report(
         device_name=torch.cuda.get_device_name(args.device) if cuda else "cpu",
         attention=args.attention,
         small_batch_kernel=args.small_batch_kernel,
-        fused_ops=args.fused_ops and args.device.startswith("cuda"),
+        fused_ops=fused.kernels_for(torch.empty(0, dtype=model.dtype, device=args.device))
+        is not None,
         cpu_attention_kernel=not cuda and cpu_kernel.available(),
         threads=torch.get_num_threads(),
         context_tokens=args.context_tokens,
@@ -453,7 +454,7 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         "--fused-ops",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CUDA: norms, rotary and SiLU-times-up as fused Triton kernels "
+        help="norms, rotary and SiLU-times-up as fused kernels where they can run "
         "(--no-fused-ops: torch's own ops, to compare)",
     )
     p.add_argument(
