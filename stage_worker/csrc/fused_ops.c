@@ -5,11 +5,11 @@
  * Each computes in float32 and rounds where the torch path rounds (layers/norm.py,
  * layers/rotary.py, models/llama.py): a bf16 value the reference stores is rounded to bf16
  * here too (to nearest, ties to even), so rotary equals torch bit for bit and the others within
- * a rounding step (their sums and exp are ordered and approximated differently). No multiply-add
- * contraction (-std=c11 keeps -ffp-contract=off): products round as torch's do.
+ * two rounding steps (their sums and exp are ordered and approximated differently). No
+ * multiply-add contraction (-std=c11 keeps -ffp-contract=off): products round as torch's do.
  *
- * Written as plain loops that GCC vectorizes for AVX2 (the target pragma below); module.c runs
- * them only where the CPU has AVX2 and FMA.
+ * Written as loops of one type each over float buffers, which GCC vectorizes for AVX2 (the
+ * target pragma below); module.c runs them only where the CPU has AVX2 and FMA.
  */
 #include <math.h>
 #include <stdint.h>
