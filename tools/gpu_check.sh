@@ -17,7 +17,13 @@
 #
 # WHEEL_DIR (default .whl) holds the wheels to install with --no-deps into a private folder
 # (flashinfer-python and apache-tvm-ffi, pyzmq, the HTTP and gRPC stack at this project's
-# versions); pip is not asked to reach any index.
+# versions); pip is not asked to reach any index. Fetched, for a GPU machine's Python 3.12, with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl flashinfer-python==0.6.0 apache-tvm-ffi pyzmq \
+#     grpcio==1.85.1 grpcio-health-checking grpcio-reflection protobuf llguidance aetcd gguf \
+#     starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
+# (25 MB; flashinfer 0.7's wheel alone is 62 MB, too large for a device call's 64 MB).
 # GPU_CHECK_PARTS (default "tests bench bench-unfused profile live-sarathi live-vllm") picks
 # parts, so that each fits a call's time limit. The live parts write their model once, to GPU_CHECK_MODEL_DIR (default
 # /tmp/gpu_check_model, 14.5 GB), and keep the strict SLO the first of them measured there, so
