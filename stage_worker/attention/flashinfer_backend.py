@@ -6,6 +6,7 @@ context, which is exactly "earlier tokens in the cache plus causal within the ch
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import torch
 
@@ -14,7 +15,28 @@ from stage_worker.attention.base import AttentionMetadata, SeqSlice, write_kv
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
-class FlashInferAttention:
+class _FlashInferRun:
+    """What both flashinfer backends do per layer: write the step's K and V, then attend with the
+    wrapper their plan set up."""
+
+    _wrapper: Any  # flashinfer.BatchPrefillWithPagedKVCacheWrapper (imported only on CUDA)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D] (NHD)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out: torch.Tensor = self._wrapper.run(q.contiguous(), (k_cache, v_cache))
+        return out  # [T, Hq, D]
+
+
+class FlashInferAttention(_FlashInferRun):
     def __init__(self, device: str) -> None:
         if not torch.cuda.is_available():
             raise ValueError("attention=flashinfer needs CUDA; use attention=torch on this machine")
@@ -58,22 +80,8 @@ class FlashInferAttention:
             kv_data_type=meta.extra.get("dtype", torch.bfloat16),
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D] (NHD)
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out: torch.Tensor = self._wrapper.run(q.contiguous(), (k_cache, v_cache))
-        return out  # [T, Hq, D]
 
-
-class FlashInferGraphDecode:
+class FlashInferGraphDecode(_FlashInferRun):
     """Decode attention for a captured CUDA graph: flashinfer's kernel over index buffers of a
     fixed batch, so one graph per batch size serves every mix of context lengths (the torch
     path needs a graph per table size too: cuda_graphs.StaticDecodeAttention). `load` plans on
@@ -140,17 +148,3 @@ class FlashInferGraphDecode:
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
         """Nothing inside the graph: `load` planned the step before the replay."""
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        # q: [B, Hq, D]; k, v: [B, Hkv, D] -> [B, Hq, D]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out: torch.Tensor = self._wrapper.run(q.contiguous(), (k_cache, v_cache))
-        return out

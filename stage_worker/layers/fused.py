@@ -7,6 +7,7 @@ cannot load, torch's ops run."""
 from __future__ import annotations
 
 import logging
+from functools import cache
 from types import ModuleType
 
 import torch
@@ -33,11 +34,18 @@ def kernels_for(x: torch.Tensor) -> ModuleType | None:
         return None
     if x.is_cuda:
         return _cuda_kernels()
-    if x.device.type == "cpu" and native.fused_kernels() is not None:
-        from stage_worker.layers import cpu_fused
+    return _cpu_kernels() if x.device.type == "cpu" else None
 
-        return cpu_fused
-    return None
+
+@cache
+def _cpu_kernels() -> ModuleType | None:
+    """cpu_fused where the package's C module runs its fused ops, decided once: layers ask at
+    every op of every step."""
+    if native.fused_kernels() is None:
+        return None
+    from stage_worker.layers import cpu_fused
+
+    return cpu_fused
 
 
 def _cuda_kernels() -> ModuleType | None:
