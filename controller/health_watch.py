@@ -1,8 +1,11 @@
-"""Keeps the gRPC health status honest: SERVING only while the pipeline is up and steps complete.
+"""Keeps the gRPC health status honest: SERVING only while the pipeline is up, every worker's KV
+cache is ready and steps complete.
 
 A pipeline whose stage hangs (a collective that never returns) still has an open socket; only
 the absence of completed steps while requests wait tells it apart from an idle one. Kubernetes
-probes read the health status and restart what is stuck.
+probes read the health status and restart what is stuck. Before any of that, every worker
+zeroes its KV cache after the cache assignment (tens of seconds for a large CPU cache): a
+readiness probe that passed then would send requests to a pipeline that cannot run a step.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from controller.engine import Engine
+from controller.executor.membership import WorkerInfo
 from controller.executor.pipeline import PipelineExecutor
 
 log = logging.getLogger(__name__)
@@ -25,12 +29,28 @@ def diagnose(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float)
     if not pipeline.up:
         refused = f"; {pipeline.last_refusal}" if pipeline.last_refusal else ""
         return f"a pipeline stage is down ({pipeline.down_reason}); rebuilding{refused}"
+    preparing = pipeline.preparing_cache()
+    if preparing:
+        return _still_preparing(preparing)
     stalled_s = engine.stalled_for_s()
     if stalled_s < stall_timeout_s:
         return ""
     stage = pipeline.lagging_stage()
     where = "" if stage is None else f"; stage {stage} stopped answering"
     return f"no step completed for {stalled_s:.1f} s with requests waiting{where}"
+
+
+def _still_preparing(workers: list[WorkerInfo]) -> str:
+    """Names the first worker still zeroing its KV cache, and how many more are."""
+    first = workers[0]
+    num_others = len(workers) - 1
+    others = (
+        f" (and {num_others} other worker{'s' if num_others > 1 else ''})" if num_others else ""
+    )
+    return (
+        f"stage {first.stage} rank {first.tp_rank} (worker {first.worker_id}) is still "
+        f"preparing its KV cache{others}"
+    )
 
 
 async def watch_health(

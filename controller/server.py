@@ -153,6 +153,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
         )
     )
     stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None
+    preparing_stages = {w.stage for w in pipeline.preparing_cache()}
     for stage, shares in zip(pipeline.stages, stage_shares(engine, pipeline, now), strict=True):
         status.stages.add(
             stage=stage.stage,
@@ -168,6 +169,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             busy_s_total=stage.busy_s_total,
             heartbeat_age_s=pipeline.heartbeat_age_s(stage.stage, now),
             stalled=stage.stage == stalled_stage,
+            preparing_cache=stage.stage in preparing_stages,
             phases=public_phases(stage.phases),
         )
     ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)

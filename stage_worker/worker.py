@@ -1,8 +1,9 @@
 """The stage worker process: start-up handshake with the controller, then one step per StepPlan.
 
 Start-up: hello -> assignment -> load this stage's weight slices, join torch.distributed ->
-ready(num_kv_blocks, param_bytes) -> cache(num_kv_blocks, block_size) -> serve plans until
-shutdown. Every frame on the socket is one serialized WorkerMessage / ControllerMessage.
+ready(num_kv_blocks, param_bytes) -> cache(num_kv_blocks, block_size) -> zero the cache ->
+heartbeat(cache_ready) -> serve plans until shutdown. Every frame on the socket is one
+serialized WorkerMessage / ControllerMessage.
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ class StageWorker:
         self._received_at = 0.0
         """clock() when the last message came off the socket, before parsing it."""
         self._timer: StepTimer | None = None
+        self._cache_ready = False
+        """This pipeline's KV cache is allocated and zeroed (Heartbeat.cache_ready)."""
         self.shard: ShardSpec | None = None
         # A peer behind a cut link never answers: no wait on one may outlast the time after
         # which the controller would count this worker gone anyway.
@@ -243,6 +246,7 @@ class StageWorker:
                     busy_s_total=self._busy_s_total,
                     uptime_s=time.monotonic() - self._start_s,
                     phases=self._timer.totals() if self._timer else None,
+                    cache_ready=self._cache_ready,
                 )
             )
         )
@@ -377,15 +381,8 @@ class StageWorker:
         if cache_msg is None:  # shut down before serving
             destroy_distributed()
             return 0
-        cache = KVCache(
-            len(model.layers),
-            cache_msg.num_kv_blocks,
-            cache_msg.block_size,
-            model.num_kv_heads_local,
-            spec.head_dim,
-            cfg.device,
-            dtype,
-            progress=self._keep_alive(),
+        cache = self._allocate_cache(
+            cache_msg, len(model.layers), model.num_kv_heads_local, spec.head_dim, dtype
         )
         attention = make_backend(cfg.attention, cfg.device)
         # CUDA kernels run asynchronously: timing attention and the linear layers there would
@@ -407,6 +404,31 @@ class StageWorker:
             self._after_pipeline_broke(links)
         self._leave_pipeline(links)
         return code
+
+    def _allocate_cache(
+        self,
+        assigned: stage_pb2.CacheAssignment,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> KVCache:
+        """The KV cache, zeroed with heartbeats that say it is not ready yet, then one that
+        says it is: the controller is not serving until every worker has sent that one."""
+        self._cache_ready = False
+        cache = KVCache(
+            num_layers,
+            assigned.num_kv_blocks,
+            assigned.block_size,
+            kv_heads,
+            head_dim,
+            self.config.device,
+            dtype,
+            progress=self._keep_alive(),
+        )
+        self._cache_ready = True
+        self._heartbeat(0.0)  # at once, not at the controller's next ping
+        return cache
 
     def _keep_alive(self) -> Callable[[], None]:
         """A callback for long start-up work (zeroing the KV cache): a heartbeat at most every

@@ -18,6 +18,9 @@ class WorkerInfo:
     num_kv_blocks: int = 0
     param_bytes: int = 0
     ready: bool = False
+    """Weights loaded and KV capacity reported (WorkerReady)."""
+    cache_ready: bool = False
+    """Its last heartbeat said its KV cache is allocated and zeroed (Heartbeat.cache_ready)."""
     last_seen_s: float = 0.0
     """Monotonic time of the last message from this worker (any kind)."""
 

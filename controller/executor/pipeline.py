@@ -1,7 +1,9 @@
 """The real pipeline: stage workers reached over ZeroMQ, driven one micro-batch at a time.
 
 Start-up follows stage.proto: every worker says hello and gets its place; once all have loaded
-their weights and reported their KV capacity, each gets the cluster minimum and serving starts.
+their weights and reported their KV capacity, each gets the cluster minimum and serving starts
+(plans may be sent at once; the health waits until every worker's heartbeat says its cache is
+zeroed: `preparing_cache`).
 A plan goes to every worker of every stage at once; stages run plans in batch_id order, so the
 controller never has to time anything per stage.
 
@@ -316,7 +318,7 @@ class PipelineExecutor:
                     await self._deliver_or_rebuild(msg.result, self._on_result)
             elif kind == "heartbeat":
                 if info is not None:
-                    self._on_heartbeat(msg.heartbeat)
+                    self._on_heartbeat(info, msg.heartbeat)
                 self.phases.receive_s += clock() - self.channel.received_at
             elif kind == "hello":
                 await self._on_hello(identity, msg.hello)  # a Reject when every place is taken
@@ -360,7 +362,8 @@ class PipelineExecutor:
             self.step_log.returned(result.batch_id, arrived)
         on_result(result.batch_id, sampled, logprobs, prompt)
 
-    def _on_heartbeat(self, hb: stage_pb2.Heartbeat) -> None:
+    def _on_heartbeat(self, info: WorkerInfo, hb: stage_pb2.Heartbeat) -> None:
+        info.cache_ready = hb.cache_ready  # every rank: each zeroes a cache of its own
         if hb.tp_rank != 0 or hb.stage >= len(self.stages):
             return
         stage = self.stages[hb.stage]
@@ -372,6 +375,14 @@ class PipelineExecutor:
                 self.step_log.stage_reported(
                     hb.stage, hb.last_batch_id, p.step_s, p.prepare_s, p.recv_wait_s
                 )
+
+    def preparing_cache(self) -> list[WorkerInfo]:
+        """While the pipeline is up, its workers, in stage and rank order, that have not yet
+        reported their KV cache zeroed: no step runs until they have, so the controller is not
+        serving (health_watch.py) and status marks their stages."""
+        if not self.up:
+            return []
+        return [w for _, w in sorted(self.slots.workers.items()) if not w.cache_ready]
 
     def inflight_on_stage(self, stage: int) -> int:
         return max(0, self.last_submitted_batch_id - self.stages[stage].last_batch_id)

@@ -170,7 +170,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled", "idle_pct", "phases", "device")
+    __slots__ = ("stage", "host", "tp_ranks", "utilization_pct", "bubble_pct", "step_time_p50_s", "micro_batches_in_flight", "up", "busy_s_total", "heartbeat_age_s", "stalled", "idle_pct", "phases", "device", "preparing_cache")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     TP_RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class StageStatus(_message.Message):
     IDLE_PCT_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PREPARING_CACHE_FIELD_NUMBER: _ClassVar[int]
     stage: int
     host: str
     tp_ranks: _containers.RepeatedScalarFieldContainer[int]
@@ -199,7 +200,8 @@ class StageStatus(_message.Message):
     idle_pct: float
     phases: StagePhases
     device: str
-    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ..., phases: _Optional[_Union[StagePhases, _Mapping]] = ..., device: _Optional[str] = ...) -> None: ...
+    preparing_cache: bool
+    def __init__(self, stage: _Optional[int] = ..., host: _Optional[str] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., utilization_pct: _Optional[float] = ..., bubble_pct: _Optional[float] = ..., step_time_p50_s: _Optional[float] = ..., micro_batches_in_flight: _Optional[int] = ..., up: _Optional[bool] = ..., busy_s_total: _Optional[float] = ..., heartbeat_age_s: _Optional[float] = ..., stalled: _Optional[bool] = ..., idle_pct: _Optional[float] = ..., phases: _Optional[_Union[StagePhases, _Mapping]] = ..., device: _Optional[str] = ..., preparing_cache: _Optional[bool] = ...) -> None: ...
 
 class StagePhases(_message.Message):
     __slots__ = ("num_steps", "num_tokens", "step_s", "prepare_s", "recv_wait_s", "linear_s", "attention_s", "forward_other_s", "logits_s", "sample_s", "send_s")

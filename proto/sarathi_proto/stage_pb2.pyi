@@ -181,7 +181,7 @@ class CacheAssignment(_message.Message):
     def __init__(self, num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("worker_id", "stage", "tp_rank", "last_batch_id", "step_busy_s", "busy_s_total", "uptime_s", "phases")
+    __slots__ = ("worker_id", "stage", "tp_rank", "last_batch_id", "step_busy_s", "busy_s_total", "uptime_s", "phases", "cache_ready")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,7 @@ class Heartbeat(_message.Message):
     BUSY_S_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_READY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     stage: int
     tp_rank: int
@@ -198,7 +199,8 @@ class Heartbeat(_message.Message):
     busy_s_total: float
     uptime_s: float
     phases: StepPhases
-    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., step_busy_s: _Optional[float] = ..., busy_s_total: _Optional[float] = ..., uptime_s: _Optional[float] = ..., phases: _Optional[_Union[StepPhases, _Mapping]] = ...) -> None: ...
+    cache_ready: bool
+    def __init__(self, worker_id: _Optional[str] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., step_busy_s: _Optional[float] = ..., busy_s_total: _Optional[float] = ..., uptime_s: _Optional[float] = ..., phases: _Optional[_Union[StepPhases, _Mapping]] = ..., cache_ready: _Optional[bool] = ...) -> None: ...
 
 class StepPhases(_message.Message):
     __slots__ = ("num_steps", "num_tokens", "step_s", "prepare_s", "recv_wait_s", "linear_s", "attention_s", "forward_other_s", "logits_s", "sample_s", "send_s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from sarathi_proto import generate_pb2
-from sarathictl.commands.status import render
+from sarathictl.commands.status import render, stage_label
 
 
 def rendered(status: generate_pb2.StatusResponse) -> str:
@@ -20,6 +20,18 @@ def test_a_down_and_a_stalled_stage_are_named_with_the_problem() -> None:
     text = rendered(status)
     assert "NOT SERVING: stage 1 stopped" in text
     assert "0 DOWN" in text and "1 STALLED" in text and "10.0.0.2" in text
+
+
+def test_a_stage_whose_worker_still_zeroes_its_kv_cache_says_so() -> None:
+    problem = "stage 1 rank 0 (worker w-abc) is still preparing its KV cache"
+    status = generate_pb2.StatusResponse(model="m", serving=False, problem=problem)
+    status.stages.add(stage=0, host="10.0.0.1", up=True)
+    status.stages.add(stage=1, host="10.0.0.2", up=True, preparing_cache=True)
+    text = rendered(status)
+    assert "NOT SERVING: stage 1 rank 0 (worker w-abc)" in text
+    assert [stage_label(s) for s in status.stages] == ["0", "1 PREPARING"]
+    # 80 columns: the label may go under the stage's number, in the same cell.
+    assert text.count("PREPARING") == 1 and "DOWN" not in text
 
 
 def test_a_serving_cluster_shows_no_problem_line() -> None:

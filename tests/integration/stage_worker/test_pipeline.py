@@ -59,6 +59,19 @@ def test_pipeline_tokens_equal_transformers_greedy(
     latest = {(h.stage, h.tp_rank): h for h in run.heartbeats}  # totals: the last says all
     for h in latest.values():
         assert_phases_split_the_step(h, pp)
+    for worker in reporters:
+        assert_cache_ready_before_the_first_step(
+            [h for h in run.heartbeats if (h.stage, h.tp_rank) == worker]
+        )
+
+
+def assert_cache_ready_before_the_first_step(beats: list[stage_pb2.Heartbeat]) -> None:
+    """One worker's heartbeats from its cache assignment on: not ready while it zeroes (none
+    with a small cache), then ready in every one, from one sent before its first step."""
+    flags = [h.cache_ready for h in beats]
+    first_ready = flags.index(True)
+    assert flags[first_ready:] == [True] * (len(flags) - first_ready)
+    assert not any(flags[:first_ready]) and beats[first_ready].last_batch_id == 0
 
 
 def assert_phases_split_the_step(h: stage_pb2.Heartbeat, pp: int) -> None:

@@ -61,6 +61,8 @@ def stage_label(s: generate_pb2.StageStatus) -> str:
     """A stage that is not serving says so beside its number (narrow terminals keep it)."""
     if s.stalled:
         return f"{s.stage} STALLED"
+    if s.preparing_cache:
+        return f"{s.stage} PREPARING"
     return str(s.stage) if s.up else f"{s.stage} DOWN"
 
 
