@@ -23,6 +23,7 @@ kernels = Extension(
         "stage_worker/csrc/paged_attention.c",
         "stage_worker/csrc/gemv_bf16.c",
         "stage_worker/csrc/fused_ops.c",
+        "stage_worker/csrc/sgemm_f32.c",
     ],
     depends=["stage_worker/csrc/kernels.h"],
     # No -march: the kernels pick their instructions with target pragmas (kernels.h) so the

@@ -177,6 +177,13 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
         help="norms, rotary and SiLU-times-up as fused kernels (Triton on CUDA, C on x86-64 "
         "CPUs with AVX2; --no-fused-ops: torch's own ops)",
     )
+    p.add_argument(
+        "--cpu-matmul-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU float32: linear layers on the package's matmul kernel where the CPU has "
+        "AVX2 with FMA (--no-cpu-matmul-kernel: torch's F.linear, MKL or oneDNN)",
+    )
 
 
 def add_control_link_flags(p: argparse.ArgumentParser) -> None:
@@ -223,6 +230,7 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         send_slices=a.send_slices,
         small_batch_kernel=a.small_batch_kernel,
         fused_ops=a.fused_ops,
+        cpu_matmul_kernel=a.cpu_matmul_kernel,
         controller_timeout_s=a.controller_timeout,
         curve_server_key_file=a.curve_server_key_file,
         curve_key_file=a.curve_key_file,

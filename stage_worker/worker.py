@@ -36,7 +36,7 @@ from stage_worker.config import ShardSpec, load_spec
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
-from stage_worker.layers import fused, gemv
+from stage_worker.layers import cpu_matmul, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
@@ -94,6 +94,9 @@ class WorkerConfig:
     token about 1.6x faster) at the cost of a second copy of the linear weights."""
     fused_ops: bool = True
     """Norms, rotary and SiLU-times-up run as fused kernels where they can (layers/fused.py)."""
+    cpu_matmul_kernel: bool = True
+    """CPU float32: linear layers run the package's AVX2 matmul kernel where it can
+    (layers/cpu_matmul.py); off, MKL's or oneDNN's through torch."""
     cuda_graphs: bool = True
     """On CUDA with TP=1: decode steps replay CUDA graphs captured per batch bucket (no effect
     on the CPU). On an H200 they take a 7B decode step of one sequence from 13-16 ms to 5.4-6
@@ -306,6 +309,7 @@ class StageWorker:
         if cfg.small_batch_kernel:
             gemv.enable()
         fused.set_enabled(cfg.fused_ops)
+        cpu_matmul.set_enabled(cfg.cpu_matmul_kernel)
         while True:
             try:
                 return self._join_and_serve()

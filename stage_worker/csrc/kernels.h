@@ -1,7 +1,8 @@
 /* The C kernels of stage_worker._kernels (module.c checks every argument, then calls them).
  *
  * Their translation units are compiled for their instructions through target pragmas below
- * (AVX-512 with bf16 for attention and the GEMV, AVX2 with FMA for the fused elementwise ops),
+ * (AVX-512 with bf16 for attention and the GEMV, AVX2 with FMA for the fused elementwise ops
+ * and the float32 matmul),
  * not through global compiler flags, so that the module's own code (its init, the argument
  * checks) runs on any x86-64 CPU: a CPU without the instructions imports the module, is told
  * so by cpu_supported() and fused_supported(), and keeps the torch path.
@@ -29,7 +30,7 @@
 #define SARATHI_AVX512_END _Pragma("GCC pop_options")
 #endif
 
-/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c). */
+/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, sgemm_f32.c). */
 #if defined(__clang__)
 #define SARATHI_AVX2_BEGIN                                                                     \
     _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
@@ -49,6 +50,12 @@ void paged_attention(const void *q, const void *k_cache, const void *v_cache,
 /* See gemv_bf16.c. */
 void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int64_t n, int64_t k,
                uint16_t *y, int64_t ldy);
+
+/* See sgemm_f32.c: weights packed as [ceil(n / PANEL), k, PANEL] floats, zero-padded. */
+#define SARATHI_SGEMM_PANEL 16
+void sgemm_f32_pack(const float *w, int64_t n, int64_t k, float *packed);
+void sgemm_f32(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t n, int64_t k,
+               float *y, int64_t ldy, int num_threads);
 
 /* See fused_ops.c. x's rows (and rotary's heads) may be strided; out is compact. */
 void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,

@@ -345,6 +345,59 @@ static PyObject *py_fused_silu_mul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The weight's [n, k] float32 rows and its packed panels [ceil(n / 16), k, 16] agree. */
+static int check_packed(const view_t *packed, int64_t n, int64_t k) {
+    if (packed->is_bf16) return fail("packed", "dtype must be float32");
+    if (packed->shape[2] != SARATHI_SGEMM_PANEL)
+        return fail("packed", "its last dimension must be the panel width (16)");
+    if (packed->shape[1] != k) return fail("packed", "its inputs differ from the weight's or x's");
+    if (packed->shape[0] != (n + SARATHI_SGEMM_PANEL - 1) / SARATHI_SGEMM_PANEL)
+        return fail("packed", "must hold ceil(outputs / 16) panels");
+    return 0;
+}
+
+static PyObject *py_sgemm_f32_pack(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *w_obj, *packed_obj;
+    if (!PyArg_ParseTuple(args, "OO:sgemm_f32_pack", &w_obj, &packed_obj)) return NULL;
+    view_t w, packed;
+    if (view(w_obj, "weight", 2, 1, &w) || view(packed_obj, "packed", 3, 1, &packed)) return NULL;
+    if (w.is_bf16) return fail("weight", "dtype must be float32"), NULL;
+    if (check_packed(&packed, w.shape[0], w.shape[1])) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    sgemm_f32_pack((const float *)w.data, w.shape[0], w.shape[1], (float *)packed.data);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sgemm_f32(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *packed_obj, *y_obj;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOi:sgemm_f32", &x_obj, &packed_obj, &y_obj, &num_threads))
+        return NULL;
+    view_t x, packed, y;
+    int64_t x_strides[2];
+    if (strided_view(x_obj, "x", 2, &x, x_strides) ||
+        view(packed_obj, "packed", 3, 1, &packed) || view(y_obj, "out", 2, 1, &y))
+        return NULL;
+    if (x.is_bf16 || y.is_bf16) return fail("x", "x and out must be float32"), NULL;
+    const int64_t m = x.shape[0], k = x.shape[1], n = y.shape[1];
+    if (y.shape[0] != m) return fail("out", "must have x's rows"), NULL;
+    if (check_packed(&packed, n, k)) return NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
+    if (refuse_fused_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    sgemm_f32((const float *)x.data, m, x_strides[0], (const float *)packed.data, n, k,
+              (float *)y.data, n, num_threads);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_fused_supported(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyBool_FromLong(fused_run_here());
@@ -382,8 +435,14 @@ static PyMethodDef methods[] = {
     {"fused_silu_mul", py_fused_silu_mul, METH_VARARGS,
      "fused_silu_mul(gate_up, out): gate_up [rows, 2F] (rows may be strided), out [rows, F]; "
      "out = silu(gate) * up."},
+    {"sgemm_f32_pack", py_sgemm_f32_pack, METH_VARARGS,
+     "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] and packed "
+     "[ceil(n / 16), k, 16], float32 and contiguous; packed is written (zero-padded)."},
+    {"sgemm_f32", py_sgemm_f32, METH_VARARGS,
+     "sgemm_f32(x, packed, out, num_threads): x [m, k] (rows may be strided), packed from "
+     "sgemm_f32_pack, out [m, n], all float32; out = x @ weight.T."},
     {"fused_supported", py_fused_supported, METH_NOARGS,
-     "Whether this CPU runs the fused ops (AVX2 and FMA on x86-64)."},
+     "Whether this CPU runs the fused ops and the float32 matmul (AVX2 and FMA on x86-64)."},
     {"cpu_supported", py_cpu_supported, METH_NOARGS,
      "Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16 on x86-64)."},
     {"openmp", py_openmp, METH_NOARGS, "Whether the module was built with OpenMP."},

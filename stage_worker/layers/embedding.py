@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from stage_worker.comm import TPGroup
-from stage_worker.layers import exact_logits, gemv, onednn
+from stage_worker.layers import cpu_matmul, exact_logits, gemv, onednn
 from stage_worker.layers.linear import linear
 
 
@@ -29,15 +29,28 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(self.stop - self.start, hidden_size, device=device, dtype=dtype),
             requires_grad=False,
         )
+        # The rows as the float32 matmul kernel's panels, when this rank's LM head is tied to
+        # them and holds them so (ParallelLMHead.pack): then also `weight`, and read by rows().
+        self.f32: cpu_matmul.PackedWeight | None = None
+
+    def share_panels(self, packed: cpu_matmul.PackedWeight, weight: nn.Parameter) -> None:
+        """Looks rows up in the tied head's panels (weight: their Parameter), freeing the
+        plain rows."""
+        self.f32, self.weight = packed, weight
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         # token_ids: [num_tokens] -> [num_tokens, hidden]
         if self.tp.size == 1:
-            return nn.functional.embedding(token_ids, self.weight)
+            return self._rows(token_ids)
         mine = (token_ids >= self.start) & (token_ids < self.stop)
         local = torch.where(mine, token_ids - self.start, 0)
-        out = nn.functional.embedding(local, self.weight) * mine[:, None].to(self.weight.dtype)
+        out = self._rows(local) * mine[:, None].to(self.weight.dtype)
         return self.tp.all_reduce(out)
+
+    def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:
+        if self.f32 is not None:
+            return cpu_matmul.rows(self.f32, local_ids)
+        return nn.functional.embedding(local_ids, self.weight)
 
 
 class ParallelLMHead(nn.Module):
@@ -65,9 +78,20 @@ class ParallelLMHead(nn.Module):
         self.rows: torch.Tensor | None = None
         # CUDA: the matmul writes float32 logits from bf16 inputs (torch.mm's out_dtype)
         self.float32_out = False
+        # CPU float32: the weight as the AVX2 matmul kernel's panels (cpu_matmul.py), then
+        # also `weight`; a tied embedding on this rank then looks its rows up in them.
+        self.f32: cpu_matmul.PackedWeight | None = None
 
-    def pack(self, shared_with_embedding: bool) -> None:
-        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+    def pack(self, embedding: VocabParallelEmbedding | None) -> None:
+        """After load: the weight in the layout of the fastest kernel for it (no-op where
+        F.linear is that). embedding: this rank's, when the head shares its rows."""
+        shared_with_embedding = embedding is not None
+        if cpu_matmul.usable_for(self.weight.data):
+            self.f32 = cpu_matmul.pack(self.weight.data)
+            self.weight = nn.Parameter(self.f32.panels, requires_grad=False)
+            if embedding is not None:  # held once, as panels
+                embedding.share_panels(self.f32, self.weight)
+            return
         self.float32_out = self.weight.dtype != torch.float32 and _mm_float32_out(self.weight)
         if self.weight.dtype != torch.float32 and not self.float32_out:
             self.rows = self.weight.data
@@ -83,7 +107,9 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
         weight = self.packed if self.packed is not None else self.weight
-        if self.float32_out:
+        if self.f32 is not None:
+            logits = cpu_matmul.linear(hidden, self.f32)
+        elif self.float32_out:
             # the float32 sums handed back unrounded: no ties made by rounding, nothing to
             # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)

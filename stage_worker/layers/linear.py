@@ -4,7 +4,8 @@ Column-parallel: the rank holds output rows [out_local, in]; its output is its s
 features and needs no communication. Row-parallel: the rank holds input columns
 [out, in_local]; its output is a partial sum the caller all-reduces over the TP group (the model
 calls `tp.all_reduce` itself, so the collective is visible where it happens).
-After loading, `pack()` swaps a CPU bf16 weight for its oneDNN-blocked form (see onednn.py) and,
+After loading, `pack()` swaps a CPU float32 weight for the panels of the package's AVX2 matmul
+kernel (cpu_matmul.py), or a CPU bf16 weight for its oneDNN-blocked form (see onednn.py) and,
 with the small-batch kernel on, keeps the plain one for steps of a few tokens (see gemv.py).
 """
 
@@ -15,7 +16,7 @@ import time
 import torch
 from torch import nn
 
-from stage_worker.layers import gemv, onednn
+from stage_worker.layers import cpu_matmul, gemv, onednn
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, plain: torch.Tensor | None) -> torch.Tensor:
@@ -42,7 +43,7 @@ CLOCK = LinearClock()
 
 
 class ShardedLinear(nn.Module):
-    """A rank's [out, in] share of a linear weight, fast-pathed for CPU bf16 after pack()."""
+    """A rank's [out, in] share of a linear weight, fast-pathed on the CPU after pack()."""
 
     def __init__(self, out: int, in_: int, device: str, dtype: torch.dtype) -> None:
         super().__init__()
@@ -52,9 +53,16 @@ class ShardedLinear(nn.Module):
         )
         self.plain: torch.Tensor | None = None
         """The weight row-major for gemv.linear, when the small-batch kernel is on."""
+        self.f32: cpu_matmul.PackedWeight | None = None
+        """The weight as the float32 kernel's panels (then also `weight`), once packed."""
 
     def pack(self) -> None:
-        """After load: the weight in oneDNN's layout where that is faster (no-op otherwise)."""
+        """After load: the weight in the layout of the fastest kernel for it (no-op where
+        F.linear is that)."""
+        if cpu_matmul.usable_for(self.weight.data):
+            self.f32 = cpu_matmul.pack(self.weight.data)
+            self.weight = nn.Parameter(self.f32.panels, requires_grad=False)  # plain one freed
+            return
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
         if onednn.can_pack(self.weight):
@@ -64,11 +72,16 @@ class ShardedLinear(nn.Module):
         # x: [num_tokens, in_] -> [num_tokens, out]
         clock = CLOCK
         if not clock.on:
-            return linear(x, self.weight, self.plain)
+            return self._matmul(x)
         start = time.perf_counter()
-        out = linear(x, self.weight, self.plain)
+        out = self._matmul(x)
         clock.seconds += time.perf_counter() - start
         return out
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.f32 is not None:
+            return cpu_matmul.linear(x, self.f32)
+        return linear(x, self.weight, self.plain)
 
 
 class ColumnParallelLinear(ShardedLinear):

@@ -107,7 +107,7 @@ class StageModel(nn.Module):
                 module.pack()
         if self.lm_head is not None:
             shared = self.embed is not None and self.lm_head.weight is self.embed.weight
-            self.lm_head.pack(shared)
+            self.lm_head.pack(self.embed if shared else None)
 
     # ---- compute ---------------------------------------------------------------------------
     def forward(

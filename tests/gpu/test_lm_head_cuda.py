@@ -21,7 +21,7 @@ def test_bf16_head_logits_are_float32_sums() -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
     head = ParallelLMHead(vocab, hidden, TPGroup(), "cuda", torch.bfloat16)
     head.weight.data.copy_(torch.randn(vocab, hidden, generator=gen, device="cuda") * 0.02)
-    head.pack(shared_with_embedding=False)
+    head.pack(None)
     x = (torch.randn(5, hidden, generator=gen, device="cuda") * 3).to(torch.bfloat16)
     logits = head(x)
     exact = x.double() @ head.weight.double().t()

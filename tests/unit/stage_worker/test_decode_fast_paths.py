@@ -1,6 +1,7 @@
 """The decode fast paths compute what the general ones do: oneDNN-packed bf16 weights give
 bit-identical matmuls, packed float32 ones the same within rounding, and a decode-only step
-attends exactly as decodes mixed with a prefill."""
+attends exactly as decodes mixed with a prefill. (The float32 AVX2 kernel, which takes float32
+weights before oneDNN where it runs, has its own tests: test_cpu_matmul.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from stage_worker.attention import SeqSlice
 from stage_worker.attention.base import build_metadata
 from stage_worker.attention.torch_backend import TorchAttention
-from stage_worker.layers import ColumnParallelLinear, onednn
+from stage_worker.layers import ColumnParallelLinear, cpu_matmul, onednn
 
 needs_bf16_onednn = pytest.mark.skipif(
     not onednn.can_pack(torch.empty(1, 1, dtype=torch.bfloat16)), reason="no oneDNN bf16 here"
@@ -40,6 +41,15 @@ def threads() -> Iterator[Callable[[int], None]]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def without_f32_kernel() -> Iterator[None]:
+    """The float32 AVX2 kernel off (--no-cpu-matmul-kernel), as on a CPU without AVX2."""
+    cpu_matmul.set_enabled(False)
+    yield
+    cpu_matmul.set_enabled(True)
+
+
+@pytest.mark.usefixtures("without_f32_kernel")
 def test_float32_weights_stay_plain_on_one_thread(threads: Callable[[int], None]) -> None:
     threads(1)  # MKL's F.linear is the faster one there
     layer = ColumnParallelLinear(8, 4, "cpu", torch.float32)
@@ -48,6 +58,7 @@ def test_float32_weights_stay_plain_on_one_thread(threads: Callable[[int], None]
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.usefixtures("without_f32_kernel")
 @pytest.mark.parametrize("tokens", [1, 4, 33])
 def test_float32_weights_are_packed_on_two_threads_and_compute_the_same(
     threads: Callable[[int], None], tokens: int

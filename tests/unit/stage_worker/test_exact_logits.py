@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stage_worker.comm import TPGroup
-from stage_worker.layers import ParallelLMHead, exact_logits
+from stage_worker.layers import ParallelLMHead, VocabParallelEmbedding, exact_logits
 
 
 def _near_tie(hidden_size: int = 64, vocab: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +41,11 @@ def test_a_bf16_head_returns_the_float32_argmax(tied: bool) -> None:
     weight, hidden = _near_tie()
     head = ParallelLMHead(weight.shape[0], weight.shape[1], TPGroup(), "cpu", torch.bfloat16)
     head.weight.data.copy_(weight)
-    head.pack(shared_with_embedding=tied)
+    embedding = None
+    if tied:
+        embedding = VocabParallelEmbedding(*weight.shape, TPGroup(), "cpu", torch.bfloat16)
+        embedding.weight = head.weight
+    head.pack(embedding)
     logits = head(hidden)
     assert logits.dtype == torch.float32
     assert int(logits.argmax()) == 250
@@ -65,5 +69,5 @@ def test_values_outside_the_band_keep_their_rounding_and_inside_are_exact() -> N
 
 def test_a_float32_head_is_left_alone() -> None:
     head = ParallelLMHead(10, 8, TPGroup(), "cpu", torch.float32)
-    head.pack(shared_with_embedding=False)
+    head.pack(None)
     assert head.rows is None

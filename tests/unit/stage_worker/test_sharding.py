@@ -136,4 +136,7 @@ def test_tied_embedding_is_held_once_when_one_stage_has_both_ends(
     embedding_bytes = spec.vocab_size * spec.hidden_size * 4
     whole = stage_bytes(1, 0)
     split = stage_bytes(2, 0) + stage_bytes(2, 1)
-    assert split - whole == embedding_bytes  # two stages need two copies, one stage one
+    # two stages need two copies, one stage one; the last stage's may be the float32 matmul
+    # kernel's panels (layers/cpu_matmul.py), padded to a multiple of 16 rows
+    panel_padding = (-spec.vocab_size % 16) * spec.hidden_size * 4
+    assert split - whole in (embedding_bytes, embedding_bytes + panel_padding)

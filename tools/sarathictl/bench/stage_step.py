@@ -38,7 +38,7 @@ from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec, load_spec, spec_from_config
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import ShardedLinear, fused, gemv
+from stage_worker.layers import ShardedLinear, cpu_matmul, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage
 
 logger = logging.getLogger(__name__)
@@ -226,6 +226,8 @@ class Report:
     """The fused kernels (layers/fused.py) ran the elementwise ops."""
     cpu_attention_kernel: bool
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
+    cpu_matmul_kernel: bool
+    """The float32 linear layers ran the package's AVX2 matmul kernel (cpu_matmul.py)."""
     threads: int
     context_tokens: int
     param_bytes: int
@@ -276,6 +278,9 @@ def make_report(
         fused_ops=fused.kernels_for(torch.empty(0, dtype=model.dtype, device=args.device))
         is not None,
         cpu_attention_kernel=not cuda and cpu_kernel.available(),
+        cpu_matmul_kernel=any(
+            m.f32 is not None for m in model.modules() if isinstance(m, ShardedLinear)
+        ),
         threads=torch.get_num_threads(),
         context_tokens=args.context_tokens,
         param_bytes=model.param_bytes,
@@ -307,7 +312,8 @@ def print_report(r: Report) -> None:
     print(
         f"{r.model}: {r.param_bytes / 1e6:.1f} MB of {r.dtype} weights on {r.device_name} "
         f"({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
-        f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}\n"
+        f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}"
+        f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}\n"
     )
     print("| step | tokens | step ms | CUDA graph ms | tokens/s | against the limit |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -352,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
         gemv.enable()
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
     fused.set_enabled(args.fused_ops)
+    cpu_matmul.set_enabled(args.cpu_matmul_kernel)
     model, name = load_model(args, DTYPES[args.dtype])
     bench = StageBench(
         model,
@@ -456,6 +463,13 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         default=True,
         help="norms, rotary and SiLU-times-up as fused kernels where they can run "
         "(--no-fused-ops: torch's own ops, to compare)",
+    )
+    p.add_argument(
+        "--cpu-matmul-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU float32: linear layers on the package's AVX2 matmul kernel where it runs "
+        "(--no-cpu-matmul-kernel: torch's F.linear, to compare)",
     )
     p.add_argument(
         "--matmul-size",

@@ -1,0 +1,85 @@
+"""float32 linear layers on the CPU through the package's AVX2 matmul kernel
+(stage_worker/csrc/sgemm_f32.c).
+
+torch's float32 `F.linear` runs MKL, which on the AMD EPYC without AVX-512 reads a decode
+step's weights at 5-13 GB/s and makes a step of 2 to 8 tokens cost about twice one token's; the
+kernel reads them once per step at 15-17 GB/s for up to 6 tokens and stays ahead of MKL up to
+128 (BENCHMARKS "A float32 matmul kernel for AVX2"). It needs its own weight layout, panels of
+16 outputs, so each float32 weight is packed once after load and the plain copy dropped.
+
+On by default wherever it runs (x86-64 with AVX2 and FMA, the package's C module built);
+`--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` keeps MKL, to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stage_worker import native
+
+PANEL = 16
+"""Outputs per panel of the packed layout (SARATHI_SGEMM_PANEL in kernels.h)."""
+
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """On by default; decides the layers loaded from now on."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [out, in] float32 weight as the kernel reads it."""
+
+    panels: torch.Tensor
+    """[ceil(out / 16), in, 16] float32: output features in panels of 16, zero-padded."""
+    out_features: int
+
+
+def usable_for(weight: torch.Tensor) -> bool:
+    """Whether weight ([out, in]) should be packed for the kernel, decided once at load."""
+    return (
+        _enabled
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and native.fused_kernels() is not None
+    )
+
+
+def pack(weight: torch.Tensor) -> PackedWeight:
+    """weight: [out, in] float32 -> its panels (a new tensor; weight is left as it is)."""
+    module = native.fused_kernels()
+    assert module is not None, "pack() called where usable_for() is False"
+    out, in_ = weight.shape
+    panels = torch.empty((-(-out // PANEL), in_, PANEL), dtype=torch.float32)
+    module.sgemm_f32_pack(native.capsule(weight.contiguous()), native.capsule(panels))
+    return PackedWeight(panels, out)
+
+
+def rows(weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """The weight's rows ids ([n] int64, each < out_features) -> [n, in]: an embedding
+    lookup in a tied matrix held only as panels."""
+    return weight.panels[ids // PANEL, :, ids % PANEL]  # the index dims first: [n, in]
+
+
+def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """x: [n, in] float32 (rows may be strided) -> [n, out] float32 = x @ weight.T, on torch's
+    intra-op thread count."""
+    module = native.fused_kernels()
+    assert module is not None, "linear() called where usable_for() is False"
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty((x.shape[0], weight.out_features), dtype=torch.float32)
+    module.sgemm_f32(
+        native.capsule(x), native.capsule(weight.panels), native.capsule(y), torch.get_num_threads()
+    )
+    return y

@@ -1,0 +1,106 @@
+"""The float32 matmul kernel (stage_worker/csrc/sgemm_f32.c through cpu_matmul.py) against a
+float64 matmul, on the token counts a step has (0, decodes of 1 to 6 which take one tile,
+counts that split into tiles, a prompt chunk) and output counts that are not a multiple of the
+16-wide panel; and the layers that hold float32 weights running it where it can."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from stage_worker import native
+from stage_worker.comm import TPGroup
+from stage_worker.layers import ColumnParallelLinear, cpu_matmul
+from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+
+pytestmark = pytest.mark.skipif(
+    native.fused_kernels() is None, reason="the kernel needs the C module and AVX2 with FMA"
+)
+
+
+def rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 2, 5, 6, 7, 8, 13, 130])
+@pytest.mark.parametrize(("out", "in_"), [(960, 576), (100, 37), (16, 1536), (3, 8)])
+def test_matches_a_float64_matmul(threads: int, tokens: int, out: int, in_: int) -> None:
+    weight = rand(out, in_, seed=out) * 0.05  # [out, in]
+    x = rand(tokens, in_ + 5, seed=tokens)[:, :in_]  # [T, in], rows strided as a fused matmul's
+    y = cpu_matmul.linear(x, cpu_matmul.pack(weight))  # [T, out]
+    expected = (x.double() @ weight.double().T).float()
+    assert y.shape == (tokens, out)
+    # float32 sums over `in_` products in another order than float64's: a few ulps of the sum
+    # of magnitudes
+    bound = 4 * in_ * torch.finfo(torch.float32).eps * (x.abs() @ weight.abs().T)
+    assert ((y - expected).abs() <= bound + 1e-30).all()
+
+
+def test_packing_pads_the_last_panel_with_zeros() -> None:
+    packed = cpu_matmul.pack(torch.ones(20, 3))
+    assert packed.panels.shape == (2, 3, 16) and packed.out_features == 20
+    assert packed.panels[1, :, :4].eq(1).all() and packed.panels[1, :, 4:].eq(0).all()
+
+
+def test_the_module_names_a_bad_argument() -> None:
+    module = native.fused_kernels()
+    assert module is not None
+    cap = native.capsule
+    packed = cpu_matmul.pack(rand(20, 8, seed=0))
+    with pytest.raises(ValueError, match="packed: its inputs differ"):
+        module.sgemm_f32(cap(rand(2, 9, seed=1)), cap(packed.panels), cap(torch.empty(2, 20)), 1)
+    with pytest.raises(ValueError, match="packed: must hold ceil"):
+        module.sgemm_f32(cap(rand(2, 8, seed=1)), cap(packed.panels), cap(torch.empty(2, 40)), 1)
+    with pytest.raises(ValueError, match="x and out must be float32"):
+        module.sgemm_f32(
+            cap(rand(2, 8, seed=1).bfloat16()), cap(packed.panels), cap(torch.empty(2, 20)), 1
+        )
+    with pytest.raises(ValueError, match="num_threads: must be >= 1"):
+        module.sgemm_f32(cap(rand(2, 8, seed=1)), cap(packed.panels), cap(torch.empty(2, 20)), 0)
+
+
+def test_float32_layers_run_the_kernel_and_free_the_plain_weight() -> None:
+    weight = rand(1536, 576, seed=3) * 0.02
+    layer = ColumnParallelLinear(576, 1536, "cpu", torch.float32)
+    layer.load(weight)
+    x = rand(4, 576, seed=4)
+    before = layer(x)  # F.linear, before packing
+    layer.pack()
+    assert layer.f32 is not None and layer.weight.shape == (96, 576, 16)
+    torch.testing.assert_close(layer(x), before, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_float32_head_runs_the_kernel_and_a_tied_embedding_reads_its_panels(tied: bool) -> None:
+    weights = rand(1000, 64, seed=5)  # [vocab, hidden]
+    hidden = rand(3, 64, seed=6)
+    head = ParallelLMHead(1000, 64, TPGroup(), "cpu", torch.float32)
+    head.weight.data.copy_(weights)
+    embedding = VocabParallelEmbedding(1000, 64, TPGroup(), "cpu", torch.float32)
+    embedding.weight = head.weight
+    head.pack(embedding if tied else None)
+    assert head.f32 is not None
+    torch.testing.assert_close(head(hidden), hidden @ weights.T, atol=1e-4, rtol=1e-4)
+    assert (embedding.f32 is head.f32) is tied
+    ids = torch.tensor([0, 999, 15, 16, 17, 512])
+    assert torch.equal(embedding(ids), weights[ids])  # held once: the lookups read the panels
+
+
+def test_switched_off_the_layers_keep_f_linear() -> None:
+    cpu_matmul.set_enabled(False)
+    try:
+        layer = ColumnParallelLinear(8, 32, "cpu", torch.float32)
+        layer.pack()
+        assert layer.f32 is None and layer.weight.shape == (32, 8)
+    finally:
+        cpu_matmul.set_enabled(True)
