@@ -1,8 +1,9 @@
 """The CPU attention kernel (stage_worker/csrc/paged_attention.c): every query token of a step
 over its own paged context (a decode's sequence, a prompt token's causal prefix), read in place,
 the (token, KV head) pairs shared out among the worker's threads. The torch backend runs whole
-steps on it on CPUs with AVX-512 and its bf16 instructions (bf16 and float32 caches); anything
-else keeps the torch path (SDPA per prefill chunk, paged_decode for decodes)."""
+steps on it on CPUs with AVX-512 and its bf16 instructions (bf16 and float32 caches), and on
+CPUs with AVX2 and FMA for float32 caches (paged_attention_avx2.c); anything else keeps the
+torch path (SDPA per prefill chunk, paged_decode for decodes)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ def set_enabled(enabled: bool) -> None:
 
 
 def available() -> bool:
-    """Whether the kernel is on and runs on this machine."""
-    return _enabled and native.kernels() is not None
+    """Whether the kernel is on and runs on this machine (for float32 caches at least)."""
+    return _enabled and native.fused_kernels() is not None
+
+
+def takes_dtype(dtype: torch.dtype) -> bool:
+    """float32 wherever the kernel runs; bf16 only on the AVX-512 kernel."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native.kernels() is not None)
 
 
 def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -43,11 +49,7 @@ def takes_tensors(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel reads q ([T, Hq, D]) and k_cache ([blocks, bs, Hkv, D]) as they are
     (their heads already checked by takes_heads when the step was prepared): once per layer,
     so only what can differ from the step's preparation is looked at."""
-    return (
-        q.dtype == k_cache.dtype
-        and q.dtype in (torch.bfloat16, torch.float32)
-        and k_cache.is_contiguous()
-    )
+    return q.dtype == k_cache.dtype and takes_dtype(q.dtype) and k_cache.is_contiguous()
 
 
 def scratch_floats(num_q_heads: int, num_kv_heads: int, max_context: int, threads: int) -> int:
@@ -70,7 +72,7 @@ def attend(
     `threads` threads -> [T, Hq, D] in the caches' dtype. Call only where takes_heads() and
     takes_tensors() hold; the module refuses (ValueError) anything it would read out of
     bounds."""
-    module = native.kernels()
+    module = native.fused_kernels()  # the module, where either kernel runs (module.c picks)
     assert module is not None, "attend() called where the kernel is not available"
     q = q.contiguous()
     out = torch.empty_like(q)

@@ -30,7 +30,8 @@
 #define SARATHI_AVX512_END _Pragma("GCC pop_options")
 #endif
 
-/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, sgemm_f32.c). */
+/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, sgemm_f32.c,
+ * paged_attention_avx2.c). */
 #if defined(__clang__)
 #define SARATHI_AVX2_BEGIN                                                                     \
     _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
@@ -46,6 +47,13 @@ void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                      int64_t block_size, int64_t max_blocks, float scale, float *scratch,
                      int64_t scratch_floats, void *out, int is_bf16, int num_threads);
+
+/* See paged_attention_avx2.c: paged_attention for float32 caches, on AVX2 with FMA. */
+void paged_attention_avx2(const float *q, const float *k_cache, const float *v_cache,
+                          const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
+                          int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                          int64_t block_size, int64_t max_blocks, float scale, float *scratch,
+                          int64_t scratch_floats, float *out, int num_threads);
 
 /* See gemv_bf16.c. */
 void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int64_t n, int64_t k,

@@ -144,6 +144,15 @@ static int kernels_run_here(void) {
 #endif
 }
 
+static int fused_run_here(void) {
+#if SARATHI_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 static int refuse_on_this_cpu(void) {
     if (kernels_run_here()) return 0;
     PyErr_SetString(PyExc_RuntimeError,
@@ -210,13 +219,27 @@ static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
     const int64_t per_thread = hq / hkv * ((max_len + 15) / 16 * 16);
     if (scratch.shape[0] < per_thread * num_threads)
         return fail("scratch", "too small for the context and thread count"), NULL;
-    if (refuse_on_this_cpu()) return NULL;
+    /* AVX-512 with bf16 runs both dtypes; AVX2 with FMA alone, float32 caches */
+    const int avx512 = kernels_run_here(), avx2 = !q.is_bf16 && fused_run_here();
+    if (!avx512 && !avx2) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this CPU runs the attention kernel on neither AVX-512 with bf16 nor "
+                        "(for float32 caches) AVX2 with FMA");
+        return NULL;
+    }
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
-    paged_attention(q.data, k.data, v.data, (const int64_t *)table.data,
-                    (const int64_t *)lens.data, tokens, hq, hkv, head_dim, block_size,
-                    table.shape[1], scale, (float *)scratch.data, per_thread, out.data,
-                    q.is_bf16, num_threads);
+    if (avx512)
+        paged_attention(q.data, k.data, v.data, (const int64_t *)table.data,
+                        (const int64_t *)lens.data, tokens, hq, hkv, head_dim, block_size,
+                        table.shape[1], scale, (float *)scratch.data, per_thread, out.data,
+                        q.is_bf16, num_threads);
+    else
+        paged_attention_avx2((const float *)q.data, (const float *)k.data,
+                             (const float *)v.data, (const int64_t *)table.data,
+                             (const int64_t *)lens.data, tokens, hq, hkv, head_dim, block_size,
+                             table.shape[1], scale, (float *)scratch.data, per_thread,
+                             (float *)out.data, num_threads);
     Py_END_ALLOW_THREADS;
 #endif
     Py_RETURN_NONE;
@@ -245,14 +268,6 @@ static PyObject *py_gemv_bf16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int fused_run_here(void) {
-#if SARATHI_HAVE_X86_KERNELS
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
-}
 
 static int refuse_fused_on_this_cpu(void) {
     if (fused_run_here()) return 0;

@@ -1,6 +1,7 @@
 """The CPU attention kernel (stage_worker/attention/cpu_kernel.py) against the torch path it
 replaces: decodes on ragged contexts over shuffled blocks, and whole steps of prompt chunks
-(first and later ones) beside decodes through the torch backend."""
+(first and later ones) beside decodes through the torch backend. float32 runs wherever the
+kernel does (AVX2 with FMA: paged_attention_avx2.c, or AVX-512), bf16 only on AVX-512."""
 
 from __future__ import annotations
 
@@ -14,8 +15,14 @@ from stage_worker.attention.torch_backend import TorchAttention, paged_decode
 BLOCK_SIZE = 16
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_kernel.available(), reason="the CPU attention kernel cannot run here (no AVX-512)"
+    not cpu_kernel.available(), reason="the CPU attention kernel cannot run here (no AVX2)"
 )
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def skip_unless_taken(dtype: torch.dtype) -> None:
+    if not cpu_kernel.takes_dtype(dtype):
+        pytest.skip(f"the kernel takes no {dtype} caches on this CPU (bf16 needs AVX-512)")
 
 
 def _case(
@@ -62,11 +69,12 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
         ([20, 3], 2, 1, 48),  # an odd number of 16-value pieces
     ],
 )
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_decodes_match_the_torch_path(
     lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, threads: int
 ) -> None:
+    skip_unless_taken(dtype)
     q, k_cache, v_cache, table, context = _case(lens, hq, hkv, d, dtype, seed=len(lens) + d)
     scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, max(lens), threads))
     got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads)
@@ -76,10 +84,12 @@ def test_decodes_match_the_torch_path(
 
 
 @needs_kernel
-def test_threads_change_nothing() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_threads_change_nothing(dtype: torch.dtype) -> None:
     """Each (token, KV head) pair is one thread's whole work: the output is bit for bit the
     same at any thread count."""
-    q, k_cache, v_cache, table, context = _case([17, 600, 33, 1], 9, 3, 64, torch.bfloat16, 5)
+    skip_unless_taken(dtype)
+    q, k_cache, v_cache, table, context = _case([17, 600, 33, 1], 9, 3, 64, dtype, 5)
     outs = []
     for threads in (1, 2, 4):
         scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, 600, threads))
@@ -125,8 +135,9 @@ MIXED = [
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_whole_step_matches_the_torch_path(dtype: torch.dtype) -> None:
+    skip_unless_taken(dtype)
     calls: list[int] = []
     kernel = cpu_kernel.attend
 
@@ -147,7 +158,9 @@ def test_a_whole_step_matches_the_torch_path(dtype: torch.dtype) -> None:
 
 
 @needs_kernel
-def test_decodes_alone_equal_decodes_beside_prompts() -> None:
-    alone = _backend_step([MIXED[0]], torch.bfloat16, seed=2)
-    mixed = _backend_step(MIXED, torch.bfloat16, seed=2)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decodes_alone_equal_decodes_beside_prompts(dtype: torch.dtype) -> None:
+    skip_unless_taken(dtype)
+    alone = _backend_step([MIXED[0]], dtype, seed=2)
+    mixed = _backend_step(MIXED, dtype, seed=2)
     assert torch.equal(alone[0], mixed[0])

@@ -91,12 +91,17 @@ def test_attention_refuses_what_it_would_read_out_of_bounds(
 
 
 def test_good_attention_arguments_pass_every_check() -> None:
-    """The same call with nothing wrong runs (AVX-512 CPUs) or is refused for the CPU alone."""
-    if kernels().cpu_supported():  # type: ignore[attr-defined]
+    """The same call with nothing wrong runs (bf16 caches: AVX-512 CPUs) or is refused for the
+    CPU alone; float32 caches run on AVX2 with FMA too."""
+    module = kernels()
+    if module.cpu_supported():  # type: ignore[attr-defined]
         _call_attention(_attention_args())
     else:
-        with pytest.raises(RuntimeError, match="lacks AVX-512 with bf16"):
+        with pytest.raises(RuntimeError, match="neither AVX-512 with bf16 nor"):
             _call_attention(_attention_args())
+    float32 = {k: v.float() for k, v in _attention_args().items() if v.is_floating_point()}
+    if module.fused_supported():  # type: ignore[attr-defined]
+        _call_attention(_attention_args(**float32))
 
 
 def test_a_used_or_foreign_object_is_refused() -> None:
