@@ -3,8 +3,8 @@ stage_worker._kernels when the package is built: no compiler runs on a serving n
 
 Where the module cannot run (an install built without it, another architecture, a CPU without
 AVX-512 and its bf16 instructions) `kernels()` is None, the reason is logged once, and each
-caller keeps its torch path. Its fused elementwise ops need only AVX2 and FMA:
-`fused_kernels()` says whether they run. The module checks every tensor it is handed (dtype, shape,
+caller keeps its torch path. Its fused elementwise ops, its float32 matmul and its float32
+attention need only AVX2 and FMA: `fused_kernels()` says whether they run. The module checks every tensor it is handed (dtype, shape,
 contiguity, block-table entries) and raises ValueError naming the argument rather than read
 out of bounds.
 """
@@ -40,7 +40,10 @@ def kernels() -> ModuleType | None:
         )
         return None
     if not module.cpu_supported():
-        logger.info("this CPU lacks AVX-512 with bf16; the C kernels stay off, torch runs")
+        logger.info(
+            "this CPU lacks AVX-512 with bf16: its bf16 kernels stay off (the AVX2 ones, for "
+            "float32, still run where the CPU has AVX2)"
+        )
         return None
     logger.info("C kernels loaded from %s (OpenMP: %s)", module.__file__, module.openmp())
     return module

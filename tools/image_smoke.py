@@ -72,7 +72,7 @@ def check_user_and_kernels() -> None:
     check(str(kernels_file).startswith(str(VENV)), f"kernels not from {VENV}: {kernels_file}")
     check(openmp, "stage_worker._kernels was built without OpenMP")
     if not cpu_supported:
-        step("this CPU lacks AVX-512 with bf16: workers run the torch path (as designed)")
+        step("this CPU lacks AVX-512 with bf16: bf16 workers run the torch path (as designed)")
 
 
 def check_model_dir() -> None:

@@ -1,7 +1,8 @@
-"""Attention without a GPU library. On CPUs with AVX-512 (bf16 dot products) the whole step runs
-on the C kernel (cpu_kernel.py): every token, prompt or decode, against its own paged context in
-one call per layer. Elsewhere, plain torch (any device): prefill chunks one by one through SDPA,
-all one-token chunks (decodes) together as one padded batch of matmuls (paged_decode)."""
+"""Attention without a GPU library. On CPUs with AVX-512 (bf16 dot products), and for float32
+caches on CPUs with AVX2 and FMA, the whole step runs on the C kernel (cpu_kernel.py): every
+token, prompt or decode, against its own paged context in one call per layer. Elsewhere, plain
+torch (any device): prefill chunks one by one through SDPA, all one-token chunks (decodes)
+together as one padded batch of matmuls (paged_decode)."""
 
 from __future__ import annotations
 

@@ -31,10 +31,6 @@ def set_enabled(on: bool) -> None:
     _enabled = on
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out, in] float32 weight as the kernel reads it."""

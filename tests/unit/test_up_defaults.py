@@ -72,20 +72,37 @@ def test_a_local_cluster_defaults_to_a_cpu_sized_budget(tmp_path: Path) -> None:
     assert LocalClusterConfig(model_dir=str(tmp_path)).budget_tokens == 128
 
 
-def test_up_says_what_it_chose_and_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernels", [True, False], ids=["avx2-kernels", "no-kernels"])
+def test_up_says_what_it_chose_and_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernels: bool
+) -> None:
     (tmp_path / "config.json").write_text("{}")
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
+    parser.set_defaults(pp=None)  # as `up` registers it
     monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(up.native, "fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
     said = up.describe_layout(up.cluster_config(args, port=0), args)
-    assert "PP=2 x TP=1 on 2 cores" in said
-    assert "1 torch thread(s) per worker" in said
     assert "float32: this CPU has neither AVX512-BF16 nor AMX" in said
-    assert "LM head's stage holds fewer" in said
+    if kernels:  # float32 on the AVX2 kernels: one worker on both cores
+        assert "PP=1 x TP=1 on 2 cores" in said
+        assert "2 torch thread(s) per worker" in said
+        assert "PP=1, one worker on every core" in said and "--pp 2" in said
+    else:
+        assert "PP=2 x TP=1 on 2 cores" in said
+        assert "1 torch thread(s) per worker" in said
+        assert "LM head's stage holds fewer" in said
     chosen = parser.parse_args(
         ["--model", str(tmp_path), "--pp", "1", "--threads", "2", "--dtype", "float32"]
     )
     said = up.describe_layout(up.cluster_config(chosen, port=0), chosen)
     assert said == "layout: PP=1 x TP=1 on 2 cores, cpu"  # nothing chosen for the user
+
+
+def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    up.add_cluster_flags(parser)
+    assert up.cluster_config(parser.parse_args(["--model", str(tmp_path)]), port=0).pp == 2

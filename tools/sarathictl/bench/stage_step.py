@@ -448,7 +448,8 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         "--cpu-attention-kernel",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CPU: attention on the C kernel where the CPU has AVX-512 with bf16 "
+        help="CPU: attention on the C kernel where it runs (AVX-512 with bf16; float32 caches "
+        "on AVX2 with FMA) "
         "(--no-cpu-attention-kernel: the plain torch path, to compare)",
     )
     p.add_argument(

@@ -14,6 +14,7 @@ from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, port
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
+from stage_worker import native
 from stage_worker.models import DTYPES
 
 
@@ -38,6 +39,22 @@ def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
+def default_pp(device: str, dtype: str) -> tuple[int, str]:
+    """The pipeline depth `up --local` runs when --pp is not given, and why (a line of up's
+    output)."""
+    if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
+        return 1, (
+            "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
+            "threads, and against PP=2 (a core a stage) it served as much or more with half the "
+            "TPOT and a lower P99 TBT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
+            "runs the pipeline"
+        )
+    return 2, (
+        "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
+        "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare)"
+    )
+
+
 def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str:
     """What `up` runs and why, in a few lines: each choice it made rather than the user."""
     cores = len(os.sched_getaffinity(0))
@@ -57,12 +74,8 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
-    if args.pp == 2 and config.device == "cpu":
-        lines.append(
-            "  PP=2: against one worker on every core it served as much at saturation, with a "
-            "steadier TPOT under load (BENCHMARKS.md, vLLM side by side, session 9); --pp 1 "
-            "gives one worker every core and the lower TPOT at light load"
-        )
+    if args.pp is None:
+        lines.append(f"  {default_pp(config.device, config.dtype)[1]}")
     return "\n".join(lines)
 
 
@@ -74,7 +87,13 @@ def threads_per_worker(num_workers: int) -> int:
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
     positive = int_at_least(1)
-    p.add_argument("--pp", type=positive, default=2, help="pipeline stages")
+    p.add_argument(
+        "--pp",
+        type=positive,
+        default=2,
+        help="pipeline stages (`up`: picked for the machine when not given, and said why; "
+        "the benchmarks and `demo`: 2)",
+    )
     p.add_argument("--tp", type=positive, default=1, help="tensor-parallel ranks per stage")
     p.add_argument(
         "--layer-split",
@@ -123,9 +142,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 def cluster_config(
     args: argparse.Namespace, port: int, http_port: int | None = None
 ) -> LocalClusterConfig:
+    dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
+    pp = args.pp or default_pp(args.device, dtype)[0]
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
-        pp=args.pp,
+        pp=pp,
         tp=args.tp,
         layer_split=args.layer_split,
         policy=args.policy,
@@ -133,9 +154,9 @@ def cluster_config(
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
-        dtype=default_dtype(args.device) if args.dtype == "auto" else args.dtype,
+        dtype=dtype,
         device=args.device,
-        threads_per_worker=args.threads or threads_per_worker(args.pp * args.tp),
+        threads_per_worker=args.threads or threads_per_worker(pp * args.tp),
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,
         prefix_caching=not args.no_prefix_caching,
@@ -169,7 +190,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_cluster_flags(p)
     add_reliability_flags(p)
     add_budget_flags(p)
-    p.set_defaults(run=run)
+    # up alone picks the depth for the machine (default_pp); the benchmarks keep PP=2
+    p.set_defaults(run=run, pp=None)
 
 
 def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -240,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, extra_controller_args=extra)
     cluster = LocalCluster(config)
     print(describe_layout(config, args), file=sys.stderr)
-    print(f"starting controller and {args.pp}x{args.tp} workers ...", file=sys.stderr)
+    print(f"starting controller and {config.pp}x{config.tp} workers ...", file=sys.stderr)
     try:
         cluster.start()
         print(
