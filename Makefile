@@ -73,8 +73,8 @@ VLLM_VENV ?= .venv-vllm
 VS_VLLM_RESULTS ?= bench-results/vs-vllm
 VS_VLLM_RATES ?= 0.25,0.5,0.75,1,1.5,inf
 VS_VLLM_PROMPTS ?= 12
-# vLLM's single process and its pipeline, ours as up lays it out and as one stage on every core.
-VS_VLLM_SYSTEMS ?= vllm,vllm-pp2,sarathi,sarathi-pp1
+# vLLM's single process and its pipeline; ours as one stage on every core and as two stages.
+VS_VLLM_SYSTEMS ?= vllm,vllm-pp2,sarathi-pp1,sarathi-pp2
 VS_VLLM_WORKLOADS ?= random,conversation,prefix
 VS_VLLM_ARGS ?=
 bench-vs-vllm: install

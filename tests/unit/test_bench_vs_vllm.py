@@ -215,9 +215,10 @@ def test_ours_takes_extra_up_flags_under_a_label_of_its_own() -> None:
 def test_the_systems_run_with_their_defaults_and_the_same_dtype() -> None:
     from bench_vs_vllm.__main__ import parse_args, server_spec
 
-    args = parse_args(["--systems", "vllm,vllm-pp2,sarathi,sarathi-pp1", "--dtype", "float32"])
+    systems = ["vllm", "vllm-pp2", "sarathi", "sarathi-pp1", "sarathi-pp2"]
+    args = parse_args(["--systems", ",".join(systems), "--dtype", "float32"])
     specs = {s: server_spec(s, args) for s in args.system_list}
-    assert [s.name for s in specs.values()] == ["vllm", "vllm-pp2", "sarathi", "sarathi-pp1"]
+    assert [s.name for s in specs.values()] == systems
     for spec in specs.values():
         assert spec.command[spec.command.index("--dtype") + 1] == "float32"
         assert "--no-enable-prefix-caching" not in spec.command
@@ -226,6 +227,8 @@ def test_the_systems_run_with_their_defaults_and_the_same_dtype() -> None:
     assert pp2.command[pp2.command.index("--pipeline-parallel-size") + 1] == "2"
     assert "|" in pp2.env["VLLM_CPU_OMP_THREADS_BIND"]  # one core set per stage
     assert specs["sarathi-pp1"].command[-2:] == ["--pp", "1"]
+    assert specs["sarathi-pp2"].command[-2:] == ["--pp", "2"]
+    assert "--pp" not in specs["sarathi"].command  # up's own choice for the machine
     off = parse_args(["--systems", "vllm,sarathi", "--no-prefix-caching"])
     assert "--no-enable-prefix-caching" in server_spec("vllm", off).command
     assert "--no-prefix-caching" in server_spec("sarathi", off).command

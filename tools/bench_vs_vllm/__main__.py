@@ -46,9 +46,10 @@ from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving
 TOOLS = Path(__file__).resolve().parent.parent
 REPO = TOOLS.parent
 TRACE = TOOLS / "sarathictl" / "bench" / "traces" / "splitwise_conv.csv"
-SYSTEMS = ("vllm", "vllm-pp2", "sarathi", "sarathi-pp1")
+SYSTEMS = ("vllm", "vllm-pp2", "sarathi", "sarathi-pp1", "sarathi-pp2")
 """vLLM's single process and its pipeline (PP=2, a core a stage); ours with up's default layout
-and as one stage with every core."""
+(which depends on the machine: `up` says which), as one stage with every core, and as two
+stages with a share of the cores each."""
 WORKLOADS = ("random", "conversation", "prefix", "multiturn")
 DTYPES = ("auto", "bfloat16", "float32")
 WARM_UP_SEED_OFFSET = 10_000
@@ -221,8 +222,9 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
         )  # fmt: skip
     extra = tuple(shlex.split(args.sarathi_args))
     label = args.sarathi_label
-    if system == "sarathi-pp1":
-        extra, label = ("--pp", "1", *extra), "-".join(filter(None, ("pp1", label)))
+    if system in ("sarathi-pp1", "sarathi-pp2"):
+        depth = system.removeprefix("sarathi-")
+        extra, label = ("--pp", depth[2:], *extra), "-".join(filter(None, (depth, label)))
     return sarathi_spec(
         args.sarathictl, args.model, args.sarathi_port, args.dtype, caching,
         args.sarathi_budget, extra, label,
