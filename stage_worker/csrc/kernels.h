@@ -41,6 +41,14 @@
 #define SARATHI_AVX2_END _Pragma("GCC pop_options")
 #endif
 
+/* Before a loop over an array of vector accumulators: fully unrolled, so that each one stays a
+ * register (a rolled loop over such an array makes GCC keep it in memory). */
+#if defined(__clang__)
+#define UNROLLED _Pragma("unroll")
+#else
+#define UNROLLED _Pragma("GCC unroll 8")
+#endif
+
 /* See paged_attention.c. scratch: num_threads blocks of scratch_floats each. */
 void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      const int64_t *block_table, const int64_t *context_lens, int64_t tokens,

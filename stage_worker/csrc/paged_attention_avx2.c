@@ -29,12 +29,6 @@
 
 SARATHI_AVX2_BEGIN
 
-#if defined(__clang__)
-#define UNROLLED _Pragma("unroll")
-#else
-#define UNROLLED _Pragma("GCC unroll 8")
-#endif
-
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

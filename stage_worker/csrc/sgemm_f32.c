@@ -20,7 +20,7 @@
  *   output.
  *
  * Sums are in float32 with fused multiply-adds, in k order: not MKL's order, so outputs differ
- * from F.linear's by rounding (about 1e-6 relative; tests/unit/stage_worker/test_sgemm.py).
+ * from F.linear's by rounding (about 1e-6 relative; tests/unit/stage_worker/test_cpu_matmul.py).
  *
  * Compiled for AVX2 with FMA (kernels.h); module.c calls it only where the CPU has both, after
  * it has checked every shape.
@@ -39,14 +39,9 @@ SARATHI_AVX2_BEGIN
 #define PREFETCH_FLOATS 256
 #define ROWS 6 /* tokens per tile: 12 accumulators + 2 weights + 1 broadcast = 15 registers */
 
-/* Every loop over a tile's rows unrolled, so that each accumulator is a register: one loop
- * left rolled (the tail's) made GCC keep the array in memory and store all 12 accumulators on
- * every step of k, which halved the speed. */
-#if defined(__clang__)
-#define UNROLLED _Pragma("unroll")
-#else
-#define UNROLLED _Pragma("GCC unroll 8")
-#endif
+/* Every loop over a tile's rows is UNROLLED (kernels.h), so that each accumulator is a
+ * register: one loop left rolled (the tail's) made GCC keep the array in memory and store all
+ * 12 accumulators on every step of k, which halved the speed. */
 
 /* Tile: `rows` tokens (a constant after inlining) of x against one panel of k x PANEL weights;
  * y gets the first `cols` (1 to PANEL) outputs of each token. */

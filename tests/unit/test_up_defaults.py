@@ -79,13 +79,14 @@ def test_up_says_what_it_chose_and_why(
     (tmp_path / "config.json").write_text("{}")
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
-    parser.set_defaults(pp=None)  # as `up` registers it
+    parser.set_defaults(pp=None, budget=None)  # as `up` registers it
     monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr(up.native, "fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
     said = up.describe_layout(up.cluster_config(args, port=0), args)
     assert "float32: this CPU has neither AVX512-BF16 nor AMX" in said
+    assert up.cluster_config(args, port=0).budget_tokens == (64 if kernels else 128)
     if kernels:  # float32 on the AVX2 kernels: one worker on both cores
         assert "PP=1 x TP=1 on 2 cores" in said
         assert "2 torch thread(s) per worker" in said
@@ -97,7 +98,9 @@ def test_up_says_what_it_chose_and_why(
     chosen = parser.parse_args(
         ["--model", str(tmp_path), "--pp", "1", "--threads", "2", "--dtype", "float32"]
     )
-    said = up.describe_layout(up.cluster_config(chosen, port=0), chosen)
+    config = up.cluster_config(chosen, port=0)
+    assert config.budget_tokens == 128  # a depth given: the budget is not the auto layout's
+    said = up.describe_layout(config, chosen)
     assert said == "layout: PP=1 x TP=1 on 2 cores, cpu"  # nothing chosen for the user
 
 

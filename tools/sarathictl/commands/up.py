@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from controller.__main__ import add_budget_flags
@@ -39,20 +40,29 @@ def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
-def default_pp(device: str, dtype: str) -> tuple[int, str]:
-    """The pipeline depth `up --local` runs when --pp is not given, and why (a line of up's
-    output)."""
+@dataclass(frozen=True)
+class AutoLayout:
+    """What `up --local` runs where the user gave no --pp, and why (a line of up's output)."""
+
+    pp: int
+    budget_tokens: int
+    """The token budget, unless --budget is given (with --pp given: LOCAL_BUDGET_TOKENS)."""
+    why: str
+
+
+def default_layout(device: str, dtype: str) -> AutoLayout:
     if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
-        return 1, (
-            "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
-            "threads, and against PP=2 (a core a stage) it served as much or more with half the "
-            "TPOT and a lower P99 TBT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
-            "runs the pipeline"
-        )
-    return 2, (
+        return AutoLayout(1, 64, (
+            "PP=1, one worker on every core, budget 64: the float32 AVX2 kernels spread each "
+            "step over the threads, and against PP=2 (a core a stage, budget 32 or 128) it served "
+            "more at saturation with half the TPOT; 64-token chunks (150 ms on 2 cores) kept P99 "
+            "TBT at 220-260 ms at 0.25 req/s where 128 gave 370-440 (BENCHMARKS.md, vLLM side by "
+            "side, session 12); --pp 2 runs the pipeline"
+        ))  # fmt: skip
+    return AutoLayout(2, LOCAL_BUDGET_TOKENS, (
         "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
         "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare)"
-    )
+    ))  # fmt: skip
 
 
 def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str:
@@ -75,7 +85,7 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
     if args.pp is None:
-        lines.append(f"  {default_pp(config.device, config.dtype)[1]}")
+        lines.append(f"  {default_layout(config.device, config.dtype).why}")
     return "\n".join(lines)
 
 
@@ -107,7 +117,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=positive,
         default=LOCAL_BUDGET_TOKENS,
-        help=f"token budget per micro-batch (default {LOCAL_BUDGET_TOKENS}: sized for CPU workers)",
+        help=f"token budget per micro-batch (default {LOCAL_BUDGET_TOKENS}: sized for CPU workers; "
+        "`up` without --pp picks it with the depth and says why)",
     )
     p.add_argument(
         "--device",
@@ -143,14 +154,16 @@ def cluster_config(
     args: argparse.Namespace, port: int, http_port: int | None = None
 ) -> LocalClusterConfig:
     dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
-    pp = args.pp or default_pp(args.device, dtype)[0]
+    auto = default_layout(args.device, dtype)
+    pp = args.pp or auto.pp
+    budget = args.budget or (auto.budget_tokens if args.pp is None else LOCAL_BUDGET_TOKENS)
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=pp,
         tp=args.tp,
         layer_split=args.layer_split,
         policy=args.policy,
-        budget_tokens=args.budget,
+        budget_tokens=budget,
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
@@ -190,8 +203,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_cluster_flags(p)
     add_reliability_flags(p)
     add_budget_flags(p)
-    # up alone picks the depth for the machine (default_pp); the benchmarks keep PP=2
-    p.set_defaults(run=run, pp=None)
+    # up alone picks the depth and budget for the machine (default_layout); the benchmarks and
+    # demo keep PP=2 and LOCAL_BUDGET_TOKENS
+    p.set_defaults(run=run, pp=None, budget=None)
 
 
 def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
