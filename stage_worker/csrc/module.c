@@ -268,7 +268,6 @@ static PyObject *py_gemv_bf16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-
 static int refuse_fused_on_this_cpu(void) {
     if (fused_run_here()) return 0;
     PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX2 with FMA: the fused ops cannot run");
@@ -379,6 +378,7 @@ static PyObject *py_sgemm_f32_pack(PyObject *self, PyObject *args) {
     if (view(w_obj, "weight", 2, 1, &w) || view(packed_obj, "packed", 3, 1, &packed)) return NULL;
     if (w.is_bf16) return fail("weight", "dtype must be float32"), NULL;
     if (check_packed(&packed, w.shape[0], w.shape[1])) return NULL;
+    if (refuse_fused_on_this_cpu()) return NULL; /* compiled for AVX2 too */
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
     sgemm_f32_pack((const float *)w.data, w.shape[0], w.shape[1], (float *)packed.data);
