@@ -92,6 +92,7 @@ def test_a_float32_head_runs_the_kernel_and_a_tied_embedding_reads_its_panels(ti
     assert head.f32 is not None
     torch.testing.assert_close(head(hidden), hidden @ weights.T, atol=1e-4, rtol=1e-4)
     assert (embedding.f32 is head.f32) is tied
+    assert (embedding.weight is head.weight) is tied  # tied: one Parameter, the panels
     ids = torch.tensor([0, 999, 15, 16, 17, 512])
     assert torch.equal(embedding(ids), weights[ids])  # held once: the lookups read the panels
 
