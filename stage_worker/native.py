@@ -4,9 +4,9 @@ stage_worker._kernels when the package is built: no compiler runs on a serving n
 Where the module cannot run (an install built without it, another architecture, a CPU without
 AVX-512 and its bf16 instructions) `kernels()` is None, the reason is logged once, and each
 caller keeps its torch path. Its fused elementwise ops, its float32 matmul and its float32
-attention need only AVX2 and FMA: `fused_kernels()` says whether they run. The module checks every tensor it is handed (dtype, shape,
-contiguity, block-table entries) and raises ValueError naming the argument rather than read
-out of bounds.
+attention need only AVX2 and FMA: `fused_kernels()` says whether they run. The module checks
+every tensor it is handed (dtype, shape, contiguity, block-table entries) and raises ValueError
+naming the argument rather than read out of bounds.
 """
 
 from __future__ import annotations
