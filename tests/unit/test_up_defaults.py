@@ -91,6 +91,7 @@ def test_up_says_what_it_chose_and_why(
         assert "PP=1 x TP=1 on 2 cores" in said
         assert "2 torch thread(s) per worker" in said
         assert "PP=1, one worker on every core" in said and "--pp 2" in said
+        assert "budget 64: 64-token chunks" in said
     else:
         assert "PP=2 x TP=1 on 2 cores" in said
         assert "1 torch thread(s) per worker" in said

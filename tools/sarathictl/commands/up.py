@@ -48,16 +48,20 @@ class AutoLayout:
     budget_tokens: int
     """The token budget, unless --budget is given (with --pp given: LOCAL_BUDGET_TOKENS)."""
     why: str
+    why_budget: str = ""
 
 
 def default_layout(device: str, dtype: str) -> AutoLayout:
+    """The layout for this device and dtype, chosen from the side-by-side runs."""
     if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
         return AutoLayout(1, 64, (
-            "PP=1, one worker on every core, budget 64: the float32 AVX2 kernels spread each "
-            "step over the threads, and against PP=2 (a core a stage, budget 32 or 128) it served "
-            "more at saturation with half the TPOT; 64-token chunks (150 ms on 2 cores) kept P99 "
-            "TBT at 220-260 ms at 0.25 req/s where 128 gave 370-440 (BENCHMARKS.md, vLLM side by "
-            "side, session 12); --pp 2 runs the pipeline"
+            "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
+            "threads, and against PP=2 (a core a stage, budget 32 or 128) it served more at "
+            "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
+            "runs the pipeline"
+        ), (
+            "budget 64: 64-token chunks (150 ms on 2 cores) kept P99 TBT at 220-260 ms at 0.25 "
+            "req/s where 128 gave 370-440 (same runs; --budget to choose)"
         ))  # fmt: skip
     return AutoLayout(2, LOCAL_BUDGET_TOKENS, (
         "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
@@ -85,7 +89,10 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
     if args.pp is None:
-        lines.append(f"  {default_layout(config.device, config.dtype).why}")
+        auto = default_layout(config.device, config.dtype)
+        lines.append(f"  {auto.why}")
+        if args.budget is None and auto.why_budget:
+            lines.append(f"  {auto.why_budget}")
     return "\n".join(lines)
 
 
