@@ -34,14 +34,16 @@ def takes_dtype(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native.kernels() is not None)
 
 
-def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether the kernel is available and takes this head layout."""
+def takes_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel is available and takes this head layout in this dtype: a step it
+    will not run is not prepared for it (a bf16 model on a CPU with AVX2 alone)."""
     return (
         head_dim % 16 == 0
         and head_dim <= MAX_HEAD_DIM
         and num_q_heads % num_kv_heads == 0
         and num_q_heads // num_kv_heads <= MAX_GROUP
         and available()
+        and takes_dtype(dtype)
     )
 
 

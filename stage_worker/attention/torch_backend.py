@@ -78,7 +78,14 @@ class TorchAttention:
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
         on_cpu = meta.positions.device.type == "cpu"
-        if on_cpu and meta.seqs and cpu_kernel.takes_heads(num_q_heads, num_kv_heads, head_dim):
+        dtype = meta.extra.get("dtype")  # the model's (models/base.py)
+        if not isinstance(dtype, torch.dtype):
+            dtype = torch.float32
+        if (
+            on_cpu
+            and meta.seqs
+            and cpu_kernel.takes_heads(num_q_heads, num_kv_heads, head_dim, dtype)
+        ):
             meta.extra["cpu_kernel"] = _kernel_step(meta, num_q_heads, num_kv_heads)
         else:
             _prepare_torch(meta)

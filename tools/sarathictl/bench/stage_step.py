@@ -277,7 +277,9 @@ def make_report(
         small_batch_kernel=args.small_batch_kernel,
         fused_ops=fused.kernels_for(torch.empty(0, dtype=model.dtype, device=args.device))
         is not None,
-        cpu_attention_kernel=not cuda and cpu_kernel.available(),
+        cpu_attention_kernel=not cuda
+        and cpu_kernel.available()
+        and cpu_kernel.takes_dtype(model.dtype),
         cpu_matmul_kernel=any(
             m.f32 is not None for m in model.modules() if isinstance(m, ShardedLinear)
         ),
