@@ -1,5 +1,6 @@
-/* Walking a sequence's paged KV cache: shared by the attention kernels (paged_attention.c for
- * AVX-512, paged_attention_avx2.c). Plain C, inlined into each kernel's own target code. */
+/* Walking a sequence's paged KV cache one position at a time, as the AVX-512 attention kernel
+ * (paged_attention.c) does. Plain C, inlined into the kernel's own target code. (The AVX2
+ * kernel goes block by block instead, to take key rows eight at a time within a block.) */
 #ifndef SARATHI_PAGED_ROWS_H
 #define SARATHI_PAGED_ROWS_H
 

@@ -26,11 +26,17 @@ def skip_unless_taken(dtype: torch.dtype) -> None:
 
 
 def _case(
-    lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int
+    lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    seed: int,
+    block_size: int = BLOCK_SIZE,
 ) -> tuple[torch.Tensor, ...]:
     """q [B, Hq, D], caches [blocks, bs, Hkv, D], a shuffled block table [B, max_blocks]."""
     gen = torch.Generator().manual_seed(seed)
-    blocks_per = [-(-n // BLOCK_SIZE) for n in lens]
+    blocks_per = [-(-n // block_size) for n in lens]
     num_blocks = sum(blocks_per) + 3
     order = torch.randperm(num_blocks, generator=gen).tolist()  # blocks out of order
     table = torch.zeros(len(lens), max(blocks_per), dtype=torch.int64)
@@ -38,7 +44,7 @@ def _case(
     for b, n in enumerate(blocks_per):
         table[b, :n] = torch.tensor(order[at : at + n])
         at += n
-    shape = (num_blocks, BLOCK_SIZE, hkv, d)
+    shape = (num_blocks, block_size, hkv, d)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)
     q = (torch.randn(len(lens), hq, d, generator=gen) * 2).to(dtype)  # sharper softmax
@@ -79,6 +85,21 @@ def test_decodes_match_the_torch_path(
     scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, max(lens), threads))
     got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads)
     assert got.shape == q.shape and got.dtype == dtype
+    want = _reference(q, k_cache, v_cache, table, context)
+    torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
+
+
+@needs_kernel
+@pytest.mark.parametrize("block_size", [1, 5, 12, 24])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_block_size_matches_the_torch_path(block_size: int, dtype: torch.dtype) -> None:
+    """The AVX2 kernel takes key rows eight at a time within a block and the rest one at a
+    time: blocks shorter than eight, and blocks of eight plus a rest, give the same output."""
+    skip_unless_taken(dtype)
+    lens = [3, 8, 29, 100]
+    q, k_cache, v_cache, table, context = _case(lens, 9, 3, 64, dtype, 11, block_size)
+    scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, max(lens), 2))
+    got = cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, 2)
     want = _reference(q, k_cache, v_cache, table, context)
     torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
 
