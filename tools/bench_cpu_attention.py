@@ -2,7 +2,7 @@
 (attention/cpu_kernel.py) against the torch path it replaces (a gather of every sequence's
 blocks, then batched products).
 
-    python tools/bench_cpu_attention.py [--threads 2] [--points 1x256,32x256,32x512,8x2048]
+    python tools/bench_cpu_attention.py [--threads 2] [--points 1x256,4x512,32x256] [--layers 30]
 
 Heads are the demo model's (SmolLM2-135M: 9 query heads, 3 KV heads of 64), float32, 16-token
 blocks in shuffled order. Each point (BATCHxCONTEXT) runs every layer's attention in turn over
@@ -38,7 +38,7 @@ def paths(batch: int, context: int, layers: int, threads: int) -> dict[str, Call
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
     table = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int64)
-    mask = torch.ones(batch, 1, 1, per_seq * BLOCK_SIZE, dtype=torch.bool)
+    mask = (torch.arange(per_seq * BLOCK_SIZE) < context).expand(batch, 1, 1, -1)
     scratch = torch.empty(cpu_kernel.scratch_floats(HEADS, KV_HEADS, context, threads))
     flat = table.flatten()
 
