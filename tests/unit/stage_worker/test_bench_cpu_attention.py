@@ -29,7 +29,7 @@ def test_it_prints_a_row_per_point(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [line for line in capsys.readouterr().out.splitlines() if line[:3] in ("| 1", "| 2")]
     assert code == 0
     assert [row.split("|")[1:3] for row in rows] == [[" 1 ", " 16 "], [" 2 ", " 40 "]]
-    for row in rows:  # ms of both paths, the kernel's GB/s (from its unrounded time), a ratio
+    for row in rows:  # ms of both paths, the kernel's GB/s, then a ratio
         kernel_ms, torch_ms, kernel_gb_s = (float(cell) for cell in row.split("|")[3:6])
-        assert kernel_ms >= 0 and torch_ms >= 0 and kernel_gb_s > 0
+        assert min(kernel_ms, torch_ms, kernel_gb_s) >= 0  # tiny points round to 0.0
         assert row.split("|")[6].strip().endswith("x")
