@@ -33,6 +33,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     """[num_tokens] int64: flat cache slot (block_id * block_size + offset) of each new token."""
     block_size: int
+    dtype: torch.dtype | None = None
+    """The model's dtype, set by StageModel.forward before backend.prepare; None where a caller
+    builds metadata without a model (each backend then assumes its usual dtype)."""
     # Backend-specific precomputed state (e.g. flashinfer's plan), filled by backend.prepare.
     extra: dict[str, object] = field(default_factory=dict)
 

@@ -76,8 +76,8 @@ class FlashInferAttention(_FlashInferRun):
             head_dim,
             bs,
             causal=True,
-            q_data_type=meta.extra.get("dtype", torch.bfloat16),
-            kv_data_type=meta.extra.get("dtype", torch.bfloat16),
+            q_data_type=meta.dtype or torch.bfloat16,
+            kv_data_type=meta.dtype or torch.bfloat16,
         )
 
 

@@ -78,9 +78,7 @@ class TorchAttention:
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
         on_cpu = meta.positions.device.type == "cpu"
-        dtype = meta.extra.get("dtype")  # the model's (models/base.py)
-        if not isinstance(dtype, torch.dtype):
-            dtype = torch.float32
+        dtype = meta.dtype or torch.float32
         if (
             on_cpu
             and meta.seqs

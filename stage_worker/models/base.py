@@ -120,7 +120,7 @@ class StageModel(nn.Module):
         """inputs: token ids [num_tokens] (first stage) or hidden [num_tokens, hidden];
         -> hidden [num_tokens, hidden] (after the final norm on the last stage)."""
         hidden = self.embed(inputs) if self.embed is not None else inputs
-        meta.extra["dtype"] = self.dtype
+        meta.dtype = self.dtype
         attention.prepare(meta, self.num_q_heads_local, self.num_kv_heads_local, self.spec.head_dim)
         cos_sin = self.rotary.cos_sin(meta.positions, self.dtype)
         for index, layer in enumerate(self.layers):

@@ -62,7 +62,7 @@ def test_flashinfer_matches_torch(kind: str, q_heads: int, kv_heads: int) -> Non
     for name in ("torch", "flashinfer"):
         backend = make_backend(name, device)
         meta = build_metadata(seqs, BLOCK_SIZE, device)
-        meta.extra["dtype"] = dtype
+        meta.dtype = dtype
         backend.prepare(meta, q_heads, kv_heads, head_dim)
         kc, vc = k_cache.clone(), v_cache.clone()
         out = torch.full_like(q, float("nan"))  # poisoned: every row must be written
@@ -125,7 +125,7 @@ def test_flashinfer_graph_decode_equals_eager_on_every_replay() -> None:
         seqs = ragged_batch(lengths)
         n = len(seqs)
         eager_meta = build_metadata(seqs, BLOCK_SIZE, device)
-        eager_meta.extra["dtype"] = dtype
+        eager_meta.dtype = dtype
         q[:n], k[:n], v[:n] = (
             rand(n, q_heads, head_dim),
             rand(n, kv_heads, head_dim),

@@ -140,6 +140,7 @@ def _backend_step(
     k = torch.randn(MAX_TOKENS, hkv, d, generator=gen).to(dtype)[:num_tokens]
     v = torch.randn(MAX_TOKENS, hkv, d, generator=gen).to(dtype)[:num_tokens]
     backend, meta = TorchAttention(), build_metadata(seqs, BLOCK_SIZE, "cpu")
+    meta.dtype = dtype  # as StageModel.forward sets it
     backend.prepare(meta, hq, hkv, d)
     return backend.forward(q, k, v, k_cache, v_cache, meta)
 
@@ -153,6 +154,17 @@ MIXED = [
     SeqSlice(41, 1, 45, (0, 1, 9)),
     SeqSlice(42, 24, 57, (5, 13, 14, 15)),
 ]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_step_is_prepared_for_the_kernel_only_in_a_dtype_it_takes(dtype: torch.dtype) -> None:
+    """The model's dtype travels in the metadata: a bf16 step on a CPU whose kernel takes only
+    float32 (AVX2 without AVX-512) is prepared for the torch path, not built twice."""
+    meta = build_metadata(MIXED, BLOCK_SIZE, "cpu")
+    meta.dtype = dtype
+    TorchAttention().prepare(meta, 6, 2, 64)
+    assert ("cpu_kernel" in meta.extra) is cpu_kernel.takes_dtype(dtype)
 
 
 @needs_kernel
