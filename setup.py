@@ -22,11 +22,18 @@ kernels = Extension(
         "stage_worker/csrc/module.c",
         "stage_worker/csrc/paged_attention.c",
         "stage_worker/csrc/paged_attention_avx2.c",
+        "stage_worker/csrc/chunk_attention_avx2.c",
         "stage_worker/csrc/gemv_bf16.c",
         "stage_worker/csrc/fused_ops.c",
+        "stage_worker/csrc/fused_ops_f32.c",
         "stage_worker/csrc/sgemm_f32.c",
     ],
-    depends=["stage_worker/csrc/kernels.h", "stage_worker/csrc/paged_rows.h"],
+    depends=[
+        "stage_worker/csrc/kernels.h",
+        "stage_worker/csrc/paged_rows.h",
+        "stage_worker/csrc/avx2_math.h",
+        "stage_worker/csrc/attention_avx2.h",
+    ],
     # No -march: the kernels pick their instructions with target pragmas (kernels.h) so the
     # module itself runs on any x86-64 CPU. OpenMP threads the attention kernel; loaded after
     # torch, the module shares torch's libgomp (same soname), so there is one thread pool.

@@ -30,8 +30,8 @@
 #define SARATHI_AVX512_END _Pragma("GCC pop_options")
 #endif
 
-/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, sgemm_f32.c,
- * paged_attention_avx2.c). */
+/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, fused_ops_f32.c,
+ * sgemm_f32.c, paged_attention_avx2.c). */
 #if defined(__clang__)
 #define SARATHI_AVX2_BEGIN                                                                     \
     _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
@@ -48,6 +48,21 @@
 #else
 #define UNROLLED _Pragma("GCC unroll 8")
 #endif
+
+/* Query vectors the AVX2 attention kernel takes together in a tile of a prompt chunk's tokens
+ * (chunk_attention_avx2.c; a token has `group` of them, its query heads of one KV head):
+ * tiles of sarathi_tile_tokens(group) tokens, at least one. */
+#define SARATHI_TILE_VECTORS 24
+
+static inline int64_t sarathi_tile_tokens(int64_t group) {
+    return group >= SARATHI_TILE_VECTORS ? 1 : SARATHI_TILE_VECTORS / group;
+}
+
+/* float32 values of attention scratch a thread needs (scratch_floats below): one tile's scores
+ * over the longest context, rounded up to 16 (cpu_kernel.scratch_floats mirrors it). */
+static inline int64_t sarathi_attention_scratch_floats(int64_t group, int64_t max_context) {
+    return sarathi_tile_tokens(group) * group * ((max_context + 15) / 16 * 16);
+}
 
 /* See paged_attention.c. scratch: num_threads blocks of scratch_floats each. */
 void paged_attention(const void *q, const void *k_cache, const void *v_cache,
@@ -81,5 +96,13 @@ void fused_rotary(const void *x, int64_t tokens, int64_t heads, int64_t head_dim
                   void *out, int is_bf16);
 void fused_silu_mul(const void *x, int64_t rows, int64_t ld_x, int64_t width, void *out,
                     int is_bf16);
+
+/* See fused_ops_f32.c: the same three for float32, which the functions above hand them. */
+void fused_rms_norm_f32(const float *x, int64_t rows, int64_t ld_x, const float *w,
+                        int64_t hidden, float eps, float *out);
+void fused_rotary_f32(const float *x, int64_t tokens, int64_t heads, int64_t head_dim,
+                      int64_t ld_token, int64_t ld_head, const float *cos, const float *sin,
+                      float *out);
+void fused_silu_mul_f32(const float *x, int64_t rows, int64_t ld_x, int64_t width, float *out);
 
 #endif

@@ -216,7 +216,7 @@ static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
     if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
     int64_t max_len;
     if (check_tables(&table, &lens, num_blocks, block_size, &max_len)) return NULL;
-    const int64_t per_thread = hq / hkv * ((max_len + 15) / 16 * 16);
+    const int64_t per_thread = sarathi_attention_scratch_floats(hq / hkv, max_len);
     if (scratch.shape[0] < per_thread * num_threads)
         return fail("scratch", "too small for the context and thread count"), NULL;
     /* AVX-512 with bf16 runs both dtypes; AVX2 with FMA alone, float32 caches */

@@ -27,71 +27,11 @@
 
 #if SARATHI_HAVE_X86_KERNELS
 #include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
 
 SARATHI_AVX2_BEGIN
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* e^x for x <= 0, as paged_attention.c's exp512: x = n ln2 + r, e^r by its degree-6 Taylor
- * polynomial, times 2^n built in the exponent bits (AVX2 has no scalef). */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f)); /* n >= -126: 2^n stays a normal float */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x); /* ln2, high part */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);      /* ln2, low part */
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
-/* probs[0..len) = e^(scores - max) in place; returns their sum. */
-static float softmax_numerators(float *scores, int64_t len, float max) {
-    const __m256 vmax = _mm256_set1_ps(max);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < len; i += 8) {
-        const int left = len - i < 8 ? (int)(len - i) : 8;
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane);
-        __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores + i, m), vmax));
-        e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
-        _mm256_maskstore_ps(scores + i, m, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    return hsum8(sum);
-}
-
-/* q . k over nv vectors (nv even: head_dim is a multiple of 16), two chains in flight: the
- * score of a row left over after the tiles of 8 below. */
-static inline float dot(const float *q, const float *k, int64_t nv) {
-    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nv; j += 2) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(k + 8 * j), _mm256_loadu_ps(q + 8 * j), a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(k + 8 * j + 8), _mm256_loadu_ps(q + 8 * j + 8), b);
-    }
-    return hsum8(_mm256_add_ps(a, b));
-}
-
-/* [sum(a[0]), ..., sum(a[7])]: eight horizontal sums in one transpose-and-add tree (7 ops where
- * eight hsum8 calls take 40). */
-static inline __m256 sums8(const __m256 *a) {
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
-}
+#include "attention_avx2.h"
 
 /* q . key_i for the 8 rows at rows + i * row_bytes: one accumulator a row, so eight independent
  * FMA chains share each load of q, and one sums8 replaces eight horizontal sums. */
@@ -107,25 +47,6 @@ static inline __m256 dot8(const float *q, const char *rows, int64_t row_bytes, i
                 _mm256_loadu_ps((const float *)(rows + i * row_bytes) + 8 * j), qj, acc[i]);
     }
     return sums8(acc);
-}
-
-/* The largest of v's eight lanes. */
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-/* Where one KV head's rows of a sequence lie: block b's row r at
- * cache + table[b] * block_bytes + r * row_bytes + head_bytes. */
-typedef struct {
-    const char *cache;
-    const int64_t *table;
-    int64_t len, block_size, block_bytes, row_bytes, head_bytes;
-} head_rows_t;
-
-static inline const char *block_rows(const head_rows_t *h, int64_t b) {
-    return h->cache + h->table[b] * h->block_bytes + h->head_bytes;
 }
 
 /* scores[g, pos] = scale * q_g . key(pos) for the group's heads over [0, len); max[g] each.
@@ -214,7 +135,41 @@ static void attend_head(const float *q, const char *kc, const char *vc, const in
     }
 }
 
-/* Arguments as paged_attention's (paged_attention.c), float32 throughout. */
+/* Tokens from `first` on that go as one tile: at most `most`, each with the first's table over
+ * every block it attends (a prompt chunk's tokens repeat their sequence's table). */
+static int64_t run_length(const int64_t *table, const int64_t *lens, int64_t tokens,
+                          int64_t max_blocks, int64_t block_size, int64_t first, int64_t most) {
+    const int64_t *row = table + first * max_blocks;
+    int64_t n = 1;
+    for (; n < most && first + n < tokens; ++n) {
+        const int64_t used = (lens[first + n] + block_size - 1) / block_size;
+        if (memcmp(row, table + (first + n) * max_blocks, (size_t)used * sizeof(int64_t)) != 0)
+            break;
+    }
+    return n;
+}
+
+/* Work items: runs[k] = (first token, count), the tiles of more than one token first, so that
+ * the largest items start first and the threads finish together. Returns their number. */
+static int64_t split_into_runs(const int64_t *table, const int64_t *lens, int64_t tokens,
+                               int64_t max_blocks, int64_t block_size, int64_t most,
+                               int64_t *runs) {
+    int64_t num_runs = 0;
+    for (int pass = 0; pass < 2; ++pass)
+        for (int64_t first = 0; first < tokens;) {
+            const int64_t n = run_length(table, lens, tokens, max_blocks, block_size, first, most);
+            if ((n > 1) == (pass == 0)) {
+                runs[2 * num_runs] = first;
+                runs[2 * num_runs + 1] = n;
+                ++num_runs;
+            }
+            first += n;
+        }
+    return num_runs;
+}
+
+/* Arguments as paged_attention's (paged_attention.c), float32 throughout; scratch_floats
+ * (sarathi_attention_scratch_floats) holds one tile's scores. */
 void paged_attention_avx2(const float *q, const float *k_cache, const float *v_cache,
                           const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -222,21 +177,44 @@ void paged_attention_avx2(const float *q, const float *k_cache, const float *v_c
                           int64_t scratch_floats, float *out, int num_threads) {
     const int64_t group = num_q_heads / num_kv_heads;
     const int64_t row_bytes = num_kv_heads * head_dim * (int64_t)sizeof(float);
-    const int64_t pairs = tokens * num_kv_heads;
+    const int64_t q_stride = num_q_heads * head_dim;
+    int64_t *runs = malloc((size_t)tokens * 2 * sizeof(int64_t));
+    /* without the memory for the list, every token goes on its own (attend_head) */
+    const int64_t num_runs =
+        runs == NULL ? tokens
+                     : split_into_runs(block_table, context_lens, tokens, max_blocks, block_size,
+                                       sarathi_tile_tokens(group), runs);
+    const int64_t items = num_runs * num_kv_heads;
 #pragma omp parallel for schedule(dynamic) num_threads(num_threads) if (num_threads > 1)
-    for (int64_t pair = 0; pair < pairs; ++pair) {
-        const int64_t b = pair / num_kv_heads, h = pair % num_kv_heads;
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t run = item / num_kv_heads, h = item % num_kv_heads;
+        const int64_t b = runs == NULL ? run : runs[2 * run];
+        const int64_t count = runs == NULL ? 1 : runs[2 * run + 1];
 #ifdef _OPENMP
         float *mine = scratch + (int64_t)omp_get_thread_num() * scratch_floats;
 #else
         float *mine = scratch;
 #endif
-        const int64_t first = (b * num_q_heads + h * group) * head_dim;
-        attend_head(q + first, (const char *)k_cache, (const char *)v_cache,
-                    block_table + b * max_blocks, context_lens[b], block_size, row_bytes,
-                    h * head_dim * (int64_t)sizeof(float), group, head_dim, scale, mine,
-                    out + first);
+        const int64_t first = b * q_stride + h * group * head_dim;
+        const int64_t *table = block_table + b * max_blocks;
+        const int64_t head_bytes = h * head_dim * (int64_t)sizeof(float);
+        if (count == 1) {
+            attend_head(q + first, (const char *)k_cache, (const char *)v_cache, table,
+                        context_lens[b], block_size, row_bytes, head_bytes, group, head_dim,
+                        scale, mine, out + first);
+            continue;
+        }
+        int64_t longest = 0;
+        for (int64_t t = b; t < b + count; ++t)
+            longest = context_lens[t] > longest ? context_lens[t] : longest;
+        const head_rows_t keys = {(const char *)k_cache, table, longest, block_size,
+                                  block_size * row_bytes, row_bytes, head_bytes};
+        const head_rows_t values = {(const char *)v_cache, table, longest, block_size,
+                                    block_size * row_bytes, row_bytes, head_bytes};
+        attend_tile_avx2(q + first, q_stride, count, context_lens + b, &keys, &values, group,
+                         head_dim, scale, mine, out + first);
     }
+    free(runs);
 }
 
 SARATHI_AVX2_END

@@ -104,6 +104,45 @@ def test_any_block_size_matches_the_torch_path(block_size: int, dtype: torch.dty
     torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
 
 
+def _chunk_case(
+    chunks: list[tuple[int, int]], hq: int, hkv: int, d: int, block_size: int, seed: int
+) -> tuple[torch.Tensor, ...]:
+    """Prompt chunks (first position, tokens) of one sequence each, float32: every token of a
+    chunk repeats its sequence's table row and attends one position more than the token before
+    (as the backend prepares a step); q [T, Hq, D], caches, table [T, max_blocks], lens [T]."""
+    q, k_cache, v_cache, seq_tables, _ = _case(
+        [p0 + n for p0, n in chunks], hq, hkv, d, torch.float32, seed, block_size
+    )
+    rows = [seq_tables[s] for s, (_, n) in enumerate(chunks) for _ in range(n)]
+    lens = [p0 + t + 1 for p0, n in chunks for t in range(n)]
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(seed)) * 2
+    return q, k_cache, v_cache, torch.stack(rows), torch.tensor(lens, dtype=torch.int64)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "block_size"),
+    [
+        (9, 3, 64, 16),  # the demo model: tiles of 8 tokens, 24 query vectors
+        (9, 3, 64, 5),  # blocks that end inside a tile of 4 key rows
+        (4, 4, 48, 12),  # no grouping: 24 tokens a tile; 48 values, a pair of vectors left
+        (10, 2, 80, 16),  # 5 query heads a KV head: tiles of 4 tokens, 20 vectors
+        (7, 1, 32, 1),  # 7 query heads, 3 tokens a tile: an odd number of vectors
+        (29, 1, 64, 16),  # Falcon-180B's TP-4 group: one token a tile, the per-token path
+    ],
+)
+def test_prompt_chunks_match_the_torch_path(hq: int, hkv: int, d: int, block_size: int) -> None:
+    """On AVX2 a chunk's tokens go in tiles that share each key and value row: first chunks,
+    later chunks over a cached prefix, chunks shorter than a tile and longer, beside decodes."""
+    skip_unless_taken(torch.float32)
+    chunks = [(0, 1), (0, 37), (100, 9), (513, 26), (7, 1)]
+    q, k_cache, v_cache, table, lens = _chunk_case(chunks, hq, hkv, d, block_size, seed=hq + d)
+    scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, int(lens.max()), 2))
+    got = cpu_kernel.attend(q, k_cache, v_cache, table, lens, scratch, 2)
+    want = _reference(q, k_cache, v_cache, table, lens)
+    torch.testing.assert_close(got, want, **_tolerance(torch.float32))  # type: ignore[arg-type]
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_threads_change_nothing(dtype: torch.dtype) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from stage_worker import native
+from stage_worker.attention import cpu_kernel
 
 pytestmark = pytest.mark.skipif(
     platform.machine() != "x86_64", reason="the kernels are built for x86-64 only"
@@ -34,6 +35,10 @@ def test_the_module_is_built_with_openmp_and_says_whether_this_cpu_runs_it() -> 
     assert (native.kernels() is not None) == runs
 
 
+SCRATCH_FLOATS = cpu_kernel.scratch_floats(4, 2, 20, 1)
+"""What _attention_args' call needs, as Python reckons it: the module must agree to the value."""
+
+
 def _attention_args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
     """Arguments the kernel takes: 2 tokens, 4 query heads over 2 KV heads of 64."""
     args = {
@@ -42,7 +47,7 @@ def _attention_args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
         "v_cache": torch.zeros(3, 16, 2, 64, dtype=torch.bfloat16),
         "block_table": torch.tensor([[2, 0], [1, 0]]),
         "context_lens": torch.tensor([20, 3]),
-        "scratch": torch.zeros(2 * 32),
+        "scratch": torch.zeros(SCRATCH_FLOATS),
         "out": torch.zeros(2, 4, 64, dtype=torch.bfloat16),
     }
     args.update(change)
@@ -62,7 +67,7 @@ BAD_ATTENTION: list[tuple[str, dict[str, torch.Tensor]]] = [
     ("block_table: names a block outside", {"block_table": torch.tensor([[2, 0], [-1, 0]])}),
     ("context_lens: each must be >= 1", {"context_lens": torch.tensor([33, 3])}),
     ("context_lens: each must be >= 1", {"context_lens": torch.tensor([20, 0])}),
-    ("scratch: too small", {"scratch": torch.zeros(2 * 32 - 1)}),
+    ("scratch: too small", {"scratch": torch.zeros(SCRATCH_FLOATS - 1)}),
     ("scratch: dtype must be float32", {"scratch": torch.zeros(64, dtype=torch.bfloat16)}),
     ("q: must be contiguous", {"q": torch.zeros(4, 2, 64, dtype=torch.bfloat16).transpose(0, 1)}),
     ("q: 2 dimensions, expected 3", {"q": torch.zeros(2, 256, dtype=torch.bfloat16)}),

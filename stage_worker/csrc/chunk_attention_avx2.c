@@ -1,0 +1,164 @@
+/* A tile of a prompt chunk's query tokens against their sequence's paged rows, for one KV head,
+ * on AVX2 with FMA (float32): what paged_attention_avx2.c hands it wherever consecutive query
+ * tokens share a block table.
+ *
+ * Why: one token at a time (attend_head), each of a chunk's tokens reads every key and value
+ * row of its prefix on its own, one query head at a time, and a 48-token chunk's attention
+ * took about 30 ms of a 150 ms step of the demo model on the AMD EPYC without AVX-512
+ * (BENCHMARKS "Session 14"). Here the tile's query vectors (its tokens times the KV head's
+ * `group` query heads, SARATHI_TILE_VECTORS at most) meet each row while it is in L1:
+ *   (1) scores: 4 key rows against 2 query vectors at a time, 8 FMA chains, one sums8 tree for
+ *       their 8 sums, 6 loads for 8 FMAs where dot8 needs 9;
+ *   (2) each query vector's softmax numerators over its own causal length (a token attends its
+ *       lens[] positions; scores past it, computed with the tile's longest, become zeros);
+ *   (3) values: block by block, 2 query vectors times 32 outputs in registers, added into out,
+ *       so a block's value rows are read from L1 by every pair.
+ * Each (query token, head) output equals what attend_head computes up to the order of its sums.
+ */
+#include "kernels.h"
+
+#if SARATHI_HAVE_X86_KERNELS
+#include <immintrin.h>
+
+SARATHI_AVX2_BEGIN
+#include "attention_avx2.h"
+
+/* scale * (q0 . key_r, q1 . key_r) for the 4 rows at rows + r * row_bytes, into s0[0..4) and
+ * s1[0..4). */
+static inline void scores_2x4(const float *q0, const float *q1, const char *rows,
+                              int64_t row_bytes, int64_t nv, __m256 scale, float *s0, float *s1) {
+    __m256 acc[8];
+    UNROLLED
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nv; ++j) {
+        const __m256 a = _mm256_loadu_ps(q0 + 8 * j), b = _mm256_loadu_ps(q1 + 8 * j);
+        UNROLLED
+        for (int r = 0; r < 4; ++r) {
+            const __m256 k = _mm256_loadu_ps((const float *)(rows + r * row_bytes) + 8 * j);
+            acc[r] = _mm256_fmadd_ps(k, a, acc[r]);
+            acc[4 + r] = _mm256_fmadd_ps(k, b, acc[4 + r]);
+        }
+    }
+    const __m256 s = _mm256_mul_ps(sums8(acc), scale); /* [q0's 4 rows, q1's 4 rows] */
+    _mm_storeu_ps(s0, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(s1, _mm256_extractf128_ps(s, 1));
+}
+
+/* scores[i * stride + pos] for every query vector i < nqv and position pos < keys->len. An odd
+ * last vector goes paired with itself. */
+static void score_tile(const float *const *qv, int64_t nqv, const head_rows_t *keys, int64_t nv,
+                       float scale, float *scores, int64_t stride) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t b = 0, pos = 0; pos < keys->len; ++b) {
+        const char *rows = block_rows(keys, b);
+        const int64_t n = keys->len - pos < keys->block_size ? keys->len - pos : keys->block_size;
+        int64_t r = 0;
+        for (; r + 4 <= n; r += 4)
+            for (int64_t i = 0; i < nqv; i += 2) {
+                const int64_t i1 = i + 1 < nqv ? i + 1 : i;
+                scores_2x4(qv[i], qv[i1], rows + r * keys->row_bytes, keys->row_bytes, nv, vscale,
+                           scores + i * stride + pos + r, scores + i1 * stride + pos + r);
+            }
+        for (; r < n; ++r) {
+            const float *key = (const float *)(rows + r * keys->row_bytes);
+            for (int64_t i = 0; i < nqv; ++i) scores[i * stride + pos + r] = scale * dot(qv[i], key, nv);
+        }
+        pos += n;
+    }
+}
+
+/* The largest of scores[0..len), len >= 1. */
+static float row_max(const float *scores, int64_t len) {
+    __m256 m = _mm256_set1_ps(-3.0e38f);
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(scores + i));
+    float max = hmax8(m);
+    for (; i < len; ++i) max = scores[i] > max ? scores[i] : max;
+    return max;
+}
+
+/* o0[0 .. 8 NV) += sum over the n rows of p0[r] * value_r, and o1 likewise with p1: NV (a
+ * constant after inlining, 2 or 4) vectors of two query vectors' outputs in registers. */
+static inline __attribute__((always_inline)) void
+values_2xNV(const char *rows, int64_t row_bytes, int64_t n, const float *p0, const float *p1,
+            float *o0, float *o1, int NV) {
+    __m256 acc0[4], acc1[4];
+    UNROLLED
+    for (int j = 0; j < NV; ++j) {
+        acc0[j] = _mm256_loadu_ps(o0 + 8 * j);
+        acc1[j] = _mm256_loadu_ps(o1 + 8 * j);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+        const float *value = (const float *)(rows + r * row_bytes);
+        const __m256 a = _mm256_broadcast_ss(p0 + r), b = _mm256_broadcast_ss(p1 + r);
+        UNROLLED
+        for (int j = 0; j < NV; ++j) {
+            const __m256 v = _mm256_loadu_ps(value + 8 * j);
+            acc0[j] = _mm256_fmadd_ps(a, v, acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(b, v, acc1[j]);
+        }
+    }
+    UNROLLED
+    for (int j = 0; j < NV; ++j) {
+        _mm256_storeu_ps(o0 + 8 * j, acc0[j]);
+        _mm256_storeu_ps(o1 + 8 * j, acc1[j]);
+    }
+}
+
+/* out_i = sum over pos < values->len of probs_i[pos] * value(pos), block by block; out_i
+ * zeroed first. An odd last vector goes paired with itself (its sums written twice, equal). */
+static void value_tile(float *const *out, const float *probs, int64_t stride, int64_t nqv,
+                       const head_rows_t *values, int64_t nv) {
+    for (int64_t i = 0; i < nqv; ++i)
+        for (int64_t j = 0; j < nv; ++j) _mm256_storeu_ps(out[i] + 8 * j, _mm256_setzero_ps());
+    for (int64_t b = 0, pos = 0; pos < values->len; ++b) {
+        const char *rows = block_rows(values, b);
+        const int64_t n =
+            values->len - pos < values->block_size ? values->len - pos : values->block_size;
+        for (int64_t i = 0; i < nqv; i += 2) {
+            const int64_t i1 = i + 1 < nqv ? i + 1 : i;
+            const float *p0 = probs + i * stride + pos, *p1 = probs + i1 * stride + pos;
+            for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
+                const char *at = rows + j * 8 * (int64_t)sizeof(float);
+                if (nv - j >= 4)
+                    values_2xNV(at, values->row_bytes, n, p0, p1, out[i] + 8 * j, out[i1] + 8 * j, 4);
+                else
+                    values_2xNV(at, values->row_bytes, n, p0, p1, out[i] + 8 * j, out[i1] + 8 * j, 2);
+            }
+        }
+        pos += n;
+    }
+}
+
+/* count query tokens with the same table, token t's `group` query vectors at q + t * q_stride
+ * (head after head, head_dim floats each) and its output at out + t * q_stride, attending
+ * lens[t] positions; keys and values: that table's rows of one KV head, their len set to the
+ * tile's longest. scores: count * group rows of round_up(longest, 16) floats. */
+void attend_tile_avx2(const float *q, int64_t q_stride, int64_t count, const int64_t *lens,
+                      const head_rows_t *keys, const head_rows_t *values, int64_t group,
+                      int64_t head_dim, float scale, float *scores, float *out) {
+    const float *qv[64];
+    float *ov[64];
+    const int64_t nqv = count * group, nv = head_dim / 8, stride = (keys->len + 15) / 16 * 16;
+    for (int64_t i = 0; i < nqv; ++i) {
+        qv[i] = q + (i / group) * q_stride + (i % group) * head_dim;
+        ov[i] = out + (i / group) * q_stride + (i % group) * head_dim;
+    }
+    score_tile(qv, nqv, keys, nv, scale, scores, stride);
+    float inv_sum[64];
+    for (int64_t i = 0; i < nqv; ++i) {
+        float *probs = scores + i * stride;
+        const int64_t len = lens[i / group];
+        inv_sum[i] = 1.0f / softmax_numerators(probs, len, row_max(probs, len));
+        for (int64_t pos = len; pos < keys->len; ++pos) probs[pos] = 0.0f; /* causal */
+    }
+    value_tile(ov, scores, stride, nqv, values, nv);
+    for (int64_t i = 0; i < nqv; ++i) {
+        const __m256 s = _mm256_set1_ps(inv_sum[i]);
+        for (int64_t j = 0; j < nv; ++j)
+            _mm256_storeu_ps(ov[i] + 8 * j, _mm256_mul_ps(_mm256_loadu_ps(ov[i] + 8 * j), s));
+    }
+}
+
+SARATHI_AVX2_END
+#endif /* SARATHI_HAVE_X86_KERNELS */
