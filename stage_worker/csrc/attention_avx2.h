@@ -22,14 +22,21 @@ static inline const char *block_rows(const head_rows_t *h, int64_t b) {
     return h->cache + h->table[b] * h->block_bytes + h->head_bytes;
 }
 
-/* probs[0..len) = e^(scores - max) in place; returns their sum. */
+/* probs[0..len) = e^(scores - max) in place; returns their sum. Whole vectors go with plain
+ * loads and stores, the tail alone masked: with a masked store per 8 scores this pass took 21%
+ * of the tile kernel's cycles on the AMD EPYC without AVX-512 (perf), 7% without. */
 static inline float softmax_numerators(float *scores, int64_t len, float max) {
     const __m256 vmax = _mm256_set1_ps(max);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < len; i += 8) {
-        const int left = len - i < 8 ? (int)(len - i) : 8;
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lane);
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), vmax));
+        _mm256_storeu_ps(scores + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (i < len) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(len - i)), lane);
         __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores + i, m), vmax));
         e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
         _mm256_maskstore_ps(scores + i, m, e);

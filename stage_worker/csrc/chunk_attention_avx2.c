@@ -44,6 +44,36 @@ static inline void scores_2x4(const float *q0, const float *q1, const char *rows
     _mm_storeu_ps(s1, _mm256_extractf128_ps(s, 1));
 }
 
+/* [sum(a[0]), ..., sum(a[3])]. */
+static inline __m128 sums4(const __m256 *a) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* scores_2x4 for 3 query vectors: 12 FMA chains, each key load feeding 3 of them. */
+static inline void scores_3x4(const float *q0, const float *q1, const float *q2,
+                              const char *rows, int64_t row_bytes, int64_t nv, __m256 scale,
+                              float *s0, float *s1, float *s2) {
+    __m256 acc[12];
+    UNROLLED
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nv; ++j) {
+        const __m256 a = _mm256_loadu_ps(q0 + 8 * j), b = _mm256_loadu_ps(q1 + 8 * j);
+        const __m256 c = _mm256_loadu_ps(q2 + 8 * j);
+        UNROLLED
+        for (int r = 0; r < 4; ++r) {
+            const __m256 k = _mm256_loadu_ps((const float *)(rows + r * row_bytes) + 8 * j);
+            acc[r] = _mm256_fmadd_ps(k, a, acc[r]);
+            acc[4 + r] = _mm256_fmadd_ps(k, b, acc[4 + r]);
+            acc[8 + r] = _mm256_fmadd_ps(k, c, acc[8 + r]);
+        }
+    }
+    const __m128 s = _mm256_castps256_ps128(scale);
+    _mm_storeu_ps(s0, _mm_mul_ps(sums4(acc), s));
+    _mm_storeu_ps(s1, _mm_mul_ps(sums4(acc + 4), s));
+    _mm_storeu_ps(s2, _mm_mul_ps(sums4(acc + 8), s));
+}
+
 /* scores[i * stride + pos] for every query vector i < nqv and position pos < keys->len. An odd
  * last vector goes paired with itself. */
 static void score_tile(const float *const *qv, int64_t nqv, const head_rows_t *keys, int64_t nv,
@@ -53,12 +83,19 @@ static void score_tile(const float *const *qv, int64_t nqv, const head_rows_t *k
         const char *rows = block_rows(keys, b);
         const int64_t n = keys->len - pos < keys->block_size ? keys->len - pos : keys->block_size;
         int64_t r = 0;
-        for (; r + 4 <= n; r += 4)
-            for (int64_t i = 0; i < nqv; i += 2) {
+        for (; r + 4 <= n; r += 4) {
+            const char *four = rows + r * keys->row_bytes;
+            float *at = scores + pos + r;
+            int64_t i = 0;
+            for (; i + 3 <= nqv; i += 3)
+                scores_3x4(qv[i], qv[i + 1], qv[i + 2], four, keys->row_bytes, nv, vscale,
+                           at + i * stride, at + (i + 1) * stride, at + (i + 2) * stride);
+            for (; i < nqv; i += 2) {
                 const int64_t i1 = i + 1 < nqv ? i + 1 : i;
-                scores_2x4(qv[i], qv[i1], rows + r * keys->row_bytes, keys->row_bytes, nv, vscale,
-                           scores + i * stride + pos + r, scores + i1 * stride + pos + r);
+                scores_2x4(qv[i], qv[i1], four, keys->row_bytes, nv, vscale, at + i * stride,
+                           at + i1 * stride);
             }
+        }
         for (; r < n; ++r) {
             const float *key = (const float *)(rows + r * keys->row_bytes);
             for (int64_t i = 0; i < nqv; ++i) scores[i * stride + pos + r] = scale * dot(qv[i], key, nv);
@@ -105,6 +142,31 @@ values_2xNV(const char *rows, int64_t row_bytes, int64_t n, const float *p0, con
     }
 }
 
+/* values_2xNV for 3 query vectors: each value load feeds 3 FMA chains. */
+static inline __attribute__((always_inline)) void
+values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *p, float *const *o,
+            int NV) {
+    __m256 acc[3][4];
+    UNROLLED
+    for (int j = 0; j < NV; ++j)
+        for (int i = 0; i < 3; ++i) acc[i][j] = _mm256_loadu_ps(o[i] + 8 * j);
+    for (int64_t r = 0; r < n; ++r) {
+        const float *value = (const float *)(rows + r * row_bytes);
+        const __m256 a = _mm256_broadcast_ss(p[0] + r), b = _mm256_broadcast_ss(p[1] + r);
+        const __m256 c = _mm256_broadcast_ss(p[2] + r);
+        UNROLLED
+        for (int j = 0; j < NV; ++j) {
+            const __m256 v = _mm256_loadu_ps(value + 8 * j);
+            acc[0][j] = _mm256_fmadd_ps(a, v, acc[0][j]);
+            acc[1][j] = _mm256_fmadd_ps(b, v, acc[1][j]);
+            acc[2][j] = _mm256_fmadd_ps(c, v, acc[2][j]);
+        }
+    }
+    UNROLLED
+    for (int j = 0; j < NV; ++j)
+        for (int i = 0; i < 3; ++i) _mm256_storeu_ps(o[i] + 8 * j, acc[i][j]);
+}
+
 /* out_i = sum over pos < values->len of probs_i[pos] * value(pos), block by block; out_i
  * zeroed first. An odd last vector goes paired with itself (its sums written twice, equal). */
 static void value_tile(float *const *out, const float *probs, int64_t stride, int64_t nqv,
@@ -115,7 +177,20 @@ static void value_tile(float *const *out, const float *probs, int64_t stride, in
         const char *rows = block_rows(values, b);
         const int64_t n =
             values->len - pos < values->block_size ? values->len - pos : values->block_size;
-        for (int64_t i = 0; i < nqv; i += 2) {
+        int64_t i = 0;
+        for (; i + 3 <= nqv; i += 3) {
+            const float *p[3] = {probs + i * stride + pos, probs + (i + 1) * stride + pos,
+                                 probs + (i + 2) * stride + pos};
+            for (int64_t j = 0; j < nv; j += 4) {
+                const char *at = rows + j * 8 * (int64_t)sizeof(float);
+                float *o[3] = {out[i] + 8 * j, out[i + 1] + 8 * j, out[i + 2] + 8 * j};
+                if (nv - j >= 4)
+                    values_3xNV(at, values->row_bytes, n, p, o, 4);
+                else
+                    values_3xNV(at, values->row_bytes, n, p, o, 2);
+            }
+        }
+        for (; i < nqv; i += 2) {
             const int64_t i1 = i + 1 < nqv ? i + 1 : i;
             const float *p0 = probs + i * stride + pos, *p1 = probs + i1 * stride + pos;
             for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
