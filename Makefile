@@ -80,7 +80,7 @@ VS_VLLM_ARGS ?=
 bench-vs-vllm: install
 	tools/bench_vs_vllm/install_vllm.sh $(VLLM_VENV) $(PYTHON)
 	$(VENV)/bin/sarathictl model prepare-demo
-	PYTHONPATH=tools $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
+	PYTHONPATH=tools:$(CURDIR) $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
 	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) --systems $(VS_VLLM_SYSTEMS) \
 	  --workloads $(VS_VLLM_WORKLOADS) --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
 

@@ -11,7 +11,10 @@ cumulative phases (generate.proto StepPhases, differenced between two steps):
 `cached_tokens` counts the tokens that sequences started in the micro-batch took from the prefix
 cache instead of computing them (the prompt tokens above are the computed ones).
 `sent_s` and `returned_s` are the controller's: plans out, result in. Every time is seconds on
-the controller's clock (step_phases.clock) since the log was opened.
+the controller's clock (step_phases.clock) since the log was opened; `opened_at_s` is that
+clock's reading then, so that adding it gives perf_counter() seconds, which other processes
+on the machine read alike (CLOCK_MONOTONIC on Linux): bench_vs_vllm lines the stages' steps up
+with its client's request times by it.
 
 Lines of batches lost to a pipeline rebuild are never written (`forget_in_flight`)."""
 
@@ -61,8 +64,8 @@ class StepLog:
 
     def sent(self, batch: MicroBatch, at: float) -> None:
         prompt_tokens, decodes, prefill_pairs, decode_keys = micro_batch_features(batch)
-        line = {"batch_id": batch.batch_id, "sent_s": self._now(at),
-                "prompt_tokens": prompt_tokens, "decodes": decodes,
+        line = {"batch_id": batch.batch_id, "opened_at_s": self.opened_at,
+                "sent_s": self._now(at), "prompt_tokens": prompt_tokens, "decodes": decodes,
                 "prefill_pairs": prefill_pairs, "decode_keys": decode_keys,
                 "cached_tokens": batch.num_cached_tokens}  # fmt: skip
         if len(self._pending) >= _MAX_PENDING:

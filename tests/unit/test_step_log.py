@@ -40,6 +40,7 @@ def test_a_line_per_micro_batch_once_every_stage_and_the_result_are_in() -> None
     assert line["prefill_pairs"] == attended(16, 32)
     assert line["decode_keys"] == 100
     assert (line["sent_s"], line["returned_s"]) == (pytest.approx(0.5), pytest.approx(0.6))
+    assert line["opened_at_s"] + line["sent_s"] == pytest.approx(100.5)  # the clock's own reading
     assert [s["work_s"] for s in line["stages"]] == pytest.approx([0.030, 0.035])
 
 

@@ -5,5 +5,6 @@ driver (`python -m bench_vs_vllm`, run by that venv's Python with tools/ on the 
 server at a time, vLLM's or ours, on the same model folder, drives each with vLLM's own client
 `vllm bench serve` at a list of request rates, and writes a Markdown table, a PNG plot and the
 capacity under a TBT SLO. The pure parts (dataset.py, results.py) import nothing beyond the
-standard library, so the unit tests run them without vLLM.
+standard library, so the unit tests run them without vLLM; bubbles.py takes the bubble formula
+from the repository's own packages (sarathictl.bench.metrics).
 """

@@ -1,7 +1,8 @@
 """`python -m bench_vs_vllm`: vLLM and sarathi-cluster side by side on this machine, each driven
 by `vllm bench serve` at every rate of a list, one server at a time (see __init__.py).
 
-Run by the vLLM venv's Python with tools/ on the path; `make bench-vs-vllm` does both.
+Run by the vLLM venv's Python with tools/ and the repository on the path (the bubbles take
+the controller's formula: bubbles.py); `make bench-vs-vllm` does both.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from types import FrameType
 
+from bench_vs_vllm.bubbles import request_spans, run_bubbles, stage_steps
 from bench_vs_vllm.client import (
     BenchError,
     Workload,
@@ -35,11 +37,13 @@ from bench_vs_vllm.plot import plot
 from bench_vs_vllm.results import (
     MAX_MEDIAN_TTFT_S,
     Row,
+    bubble_table,
     capacity,
     capacity_table,
     load_row,
     markdown_table,
     slo_from_light_load,
+    stages_path,
 )
 from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
 
@@ -219,6 +223,7 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
         return vllm_spec(
             args.vllm_bin, args.model, args.model.name, args.vllm_port,
             args.vllm_kv_cache_gib, args.dtype, caching, pp=2 if system == "vllm-pp2" else 1,
+            stage_logs=args.results / "stages",
         )  # fmt: skip
     extra = tuple(shlex.split(args.sarathi_args))
     label = args.sarathi_label
@@ -227,7 +232,7 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
         extra, label = ("--pp", depth[2:], *extra), "-".join(filter(None, (depth, label)))
     return sarathi_spec(
         args.sarathictl, args.model, args.sarathi_port, args.dtype, caching,
-        args.sarathi_budget, extra, label,
+        args.sarathi_budget, extra, label, stage_logs=args.results / "stages",
     )  # fmt: skip
 
 
@@ -244,7 +249,18 @@ def run_one(args: argparse.Namespace, spec: ServerSpec, workload: Workload, rate
         workload.num_prompts or args.num_prompts, seed, out,
     )  # fmt: skip
     run_bench(command, out.with_suffix(".log"), client_env(seed))
+    if spec.stage_log is not None:
+        save_bubbles(spec.stage_log, out)
     return load_row(out, spec.name, workload.name)
+
+
+def save_bubbles(stage_log: Path, result: Path) -> None:
+    """The run's bubbles from its stages' steps and its requests, beside its result."""
+    steps = stage_steps(stage_log)
+    if not steps:
+        return  # no step written (a server that never ran one): nothing to measure
+    measured = run_bubbles(steps, request_spans(json.loads(result.read_text())))
+    stages_path(result).write_text(json.dumps(asdict(measured), indent=2) + "\n")
 
 
 def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:
@@ -352,6 +368,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         )
         + ".\n\n"
         + capacity_table(rows, slo_ms)
+        + bubble_section(rows)
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )
     summary = {
@@ -362,6 +379,17 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
     }
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return report
+
+
+def bubble_section(rows: list[Row]) -> str:
+    table = bubble_table(rows)
+    if not table:
+        return ""
+    return (
+        "\n\nPipeline bubbles: each stage idle while some request is in the system, over "
+        "its busy plus idle time then, the mean over stages (bubbles.py); the steady state is "
+        "the middle 80% of the arrivals.\n\n" + table
+    )
 
 
 def saved_rows(args: argparse.Namespace) -> list[Row]:

@@ -73,7 +73,8 @@ def bench_command(
     result: Path | None,
 ) -> list[str]:
     """Every request with ignore_eos, so each generates exactly its asked output length on both
-    servers; percentiles 50 and 99 of TTFT, TPOT and ITL; the result saved where asked."""
+    servers; percentiles 50 and 99 of TTFT, TPOT and ITL; the result saved where asked, with
+    each request's start and latency (--save-detailed: the bubbles need them)."""
     command = [
         str(vllm_bin), "bench", "serve",
         "--backend", "openai",
@@ -93,6 +94,7 @@ def bench_command(
     if result is not None:
         command += [
             "--save-result",
+            "--save-detailed",
             "--result-dir", str(result.parent),
             "--result-filename", result.name,
         ]  # fmt: skip

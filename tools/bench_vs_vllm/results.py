@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 MAX_MEDIAN_TTFT_S = 2.0
@@ -34,6 +34,10 @@ class Row:
     median_itl_ms: float
     p99_itl_ms: float
     """Inter-token latency: every gap between two streamed tokens, the paper's TBT."""
+    bubble_fraction: float = math.nan
+    """The stages' bubble over the run (bubbles.py); NaN where the stages were not timed."""
+    steady_bubble_fraction: float = math.nan
+    """The same over the middle 80% of the arrivals."""
 
 
 def _number(result: dict[str, object], key: str) -> float:
@@ -70,8 +74,23 @@ def parse_result(result: dict[str, object], system: str, workload: str) -> Row:
     )
 
 
+def stages_path(result: Path) -> Path:
+    """Where a run's stage measurement is saved beside its result (bubbles.py)."""
+    return result.with_suffix(".stages.json")
+
+
 def load_row(path: Path, system: str, workload: str) -> Row:
-    return parse_result(json.loads(path.read_text()), system, workload)
+    """A saved run, with its bubbles where its stages were timed."""
+    row = parse_result(json.loads(path.read_text()), system, workload)
+    stages = stages_path(path)
+    if not stages.is_file():
+        return row
+    saved = json.loads(stages.read_text())
+    return replace(
+        row,
+        bubble_fraction=_number(saved, "bubble_fraction"),
+        steady_bubble_fraction=_number(saved, "steady_bubble_fraction"),
+    )
 
 
 def passes_slo(row: Row, tbt_slo_ms: float, max_median_ttft_s: float = MAX_MEDIAN_TTFT_S) -> bool:
@@ -153,4 +172,29 @@ def capacity_table(
                 continue
             cells = [f"{capacity(mine, slos_ms[n], max_median_ttft_s):g}" for n in names]
             lines.append(f"| {workload} | {system} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _pct(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def bubble_table(rows: Iterable[Row]) -> str:
+    """The runs whose stages were timed: their bubble over the run and in the steady state
+    ("" when none was)."""
+    timed = sorted(
+        (r for r in rows if not math.isnan(r.bubble_fraction)),
+        key=lambda r: (r.workload, r.rate, r.system),
+    )
+    if not timed:
+        return ""
+    lines = [
+        "| workload | rate req/s | system | bubble, whole run | bubble, steady state |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r.workload} | {_rate(r.rate)} | {r.system} | {_pct(r.bubble_fraction)} | "
+        f"{_pct(r.steady_bubble_fraction)} |"
+        for r in timed
+    ]
     return "\n".join(lines)

@@ -15,6 +15,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+STAGE_HOOK = Path(__file__).resolve().parent / "stage_hook"
+"""The sitecustomize that times a vLLM server's stages (put first on its PYTHONPATH)."""
+STEP_LOG = "steps.jsonl"
+"""Ours' step log in its stage_log folder."""
+
 
 class ServerError(RuntimeError):
     """A server exited or never answered; the message names its log."""
@@ -27,6 +32,9 @@ class ServerSpec:
     port: int
     env: dict[str, str] = field(default_factory=dict)
     """Set on top of the driver's environment (without PYTHONPATH)."""
+    stage_log: Path | None = None
+    """The folder its stages' steps are written to (bubbles.py), made when it starts: vLLM's
+    stage_hook files, or ours' step log (STEP_LOG). None: not timed."""
     start_timeout_s: float = 600.0
 
     @property
@@ -43,11 +51,14 @@ def vllm_spec(
     dtype: str,
     prefix_caching: bool = True,
     pp: int = 1,
+    stage_logs: Path | None = None,
 ) -> ServerSpec:
     """`vllm serve` on the CPU with its defaults but for the dtype (the one ours runs), no CPU
     reserved, and its KV cache size. PP=1 binds its OpenMP threads to every core; `pp` > 1 runs
     its pipeline (the `mp` executor over gloo), one core per stage (VLLM_CPU_OMP_THREADS_BIND
-    "0|1"), the layout ours has by default. Prefix caching is on, as by default, unless asked."""
+    "0|1"), the layout ours has by default. Prefix caching is on, as by default, unless asked.
+    `stage_logs`: a folder under which a pipeline's stages write their steps
+    (stage_hook/sitecustomize.py), in a folder named after the system; PP=1 is not timed."""
     cores = os.cpu_count() or 1
     if pp > 1 and cores < pp:
         raise ServerError(f"vLLM with -pp {pp} needs {pp} cores, this machine has {cores}")
@@ -69,7 +80,12 @@ def vllm_spec(
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
     }
-    return ServerSpec("vllm" if pp == 1 else f"vllm-pp{pp}", command, port, env)
+    name = "vllm" if pp == 1 else f"vllm-pp{pp}"
+    stage_log = None
+    if stage_logs is not None and pp > 1:
+        stage_log = stage_logs / name
+        env |= {"PYTHONPATH": str(STAGE_HOOK), "SARATHI_BENCH_STAGE_LOG": str(stage_log)}
+    return ServerSpec(name, command, port, env, stage_log)
 
 
 def sarathi_spec(
@@ -81,11 +97,14 @@ def sarathi_spec(
     budget: int = 0,
     extra_args: tuple[str, ...] = (),
     label: str = "",
+    stage_logs: Path | None = None,
 ) -> ServerSpec:
     """`sarathictl up --local` with its default layout, the OpenAI API on `port`. The served
     model name is the folder's name (as vLLM's --served-model-name is set to). A `budget` other
     than 0 replaces up's default token budget and names the system after it; `extra_args` go to
-    `up` as they are, and `label` names such a system (sarathi-LABEL)."""
+    `up` as they are, and `label` names such a system (sarathi-LABEL). `stage_logs`: a folder
+    under which the controller's `--step-log` (each stage's time per micro-batch) goes, in a
+    folder named after the system."""
     command = [
         str(sarathictl), "up", "--local",
         "--model", str(model),
@@ -104,7 +123,11 @@ def sarathi_spec(
         raise ValueError("extra arguments for up need a label to name the system by")
     if label:
         name = f"sarathi-{label}"
-    return ServerSpec(name, [*command, *extra_args], port)
+    step_log = None
+    if stage_logs is not None:
+        step_log = stage_logs / name
+        command += ["--step-log", str(step_log / STEP_LOG)]
+    return ServerSpec(name, [*command, *extra_args], port, stage_log=step_log)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -130,6 +153,8 @@ def check_port_free(port: int) -> None:
 def start(spec: ServerSpec, log_path: Path) -> subprocess.Popen[bytes]:
     check_port_free(spec.port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if spec.stage_log is not None:
+        spec.stage_log.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             spec.command,

@@ -1,0 +1,96 @@
+"""Each pipeline stage's bubble in one run, measured the same way for both servers.
+
+A bubble is a stage idle while some request is in the system (README "Metrics";
+sarathictl/bench/metrics.py holds the formula, used here as it is). What each server gives:
+- its stages' steps, each as (end, busy seconds) on perf_counter's clock: ours from the
+  controller's `--step-log` (each stage's `work_s`, ended when the controller read the stage's
+  report), vLLM's from stage_hook/sitecustomize.py (each call's time less its waits for
+  activations);
+- the client's requests, each as (start, start + latency) on the same clock (`vllm bench
+  serve --save-detailed` saves both).
+A run's window is its first start to its last finish; the steady state is the middle 80% of
+its arrivals (controller.executor.simulated.steady_window), as every benchmark here reports.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sarathictl.bench.metrics import BusyWindow, bubble_fraction, window_shares
+
+from bench_vs_vllm.servers import STEP_LOG
+from controller.executor.simulated import steady_window
+
+Steps = list[tuple[float, float]]
+"""One stage's steps: (end_s, busy_s) each."""
+
+
+@dataclass(frozen=True)
+class RunBubbles:
+    bubble_fraction: float
+    """Bubble over busy plus bubble, the mean over stages, over the whole run."""
+    steady_bubble_fraction: float
+    """The same over the middle 80% of the arrivals (NaN: too few requests for one)."""
+    stage_busy_s: tuple[float, ...]
+    """Each stage's busy seconds in the run."""
+
+
+def stage_steps(folder: Path) -> list[Steps]:
+    """A server's stages' steps from its stage_log folder (servers.ServerSpec.stage_log)."""
+    step_log = folder / STEP_LOG
+    return sarathi_stage_steps(step_log) if step_log.is_file() else vllm_stage_steps(folder)
+
+
+def vllm_stage_steps(folder: Path) -> list[Steps]:
+    """The steps stage_hook wrote (`stage-<pid>.tsv`: rank, end, busy), by pipeline rank."""
+    by_rank: dict[int, Steps] = {}
+    for path in sorted(folder.glob("stage-*.tsv")):
+        for line in path.read_text().splitlines():
+            rank, end, busy = line.split("\t")
+            by_rank.setdefault(int(rank), []).append((float(end), float(busy)))
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+def sarathi_stage_steps(step_log: Path) -> list[Steps]:
+    """Each stage's steps from the controller's step log (controller/step_log.py)."""
+    stages: list[Steps] = []
+    for text in step_log.read_text().splitlines():
+        if not text.strip():
+            continue
+        line = json.loads(text)
+        for index, stage in enumerate(line["stages"]):
+            while len(stages) <= index:
+                stages.append([])
+            stages[index].append((line["opened_at_s"] + stage["reported_s"], stage["work_s"]))
+    return stages
+
+
+def request_spans(result: dict[str, object]) -> list[tuple[float, float]]:
+    """(start, finish) of every request of a `vllm bench serve --save-detailed` result."""
+    starts, latencies = result.get("start_times"), result.get("latencies")
+    if not isinstance(starts, list) or not isinstance(latencies, list):
+        raise ValueError("the result has no start_times and latencies (--save-detailed)")
+    return [(float(s), float(s) + float(lat)) for s, lat in zip(starts, latencies, strict=True)]
+
+
+def busy_in(steps: Steps, lo: float, hi: float) -> float:
+    """Busy seconds of [lo, hi]: each step's busy time ends at its end."""
+    return sum(max(0.0, min(end, hi) - max(end - busy, lo)) for end, busy in steps)
+
+
+def run_bubbles(stages: Sequence[Steps], spans: Sequence[tuple[float, float]]) -> RunBubbles:
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    busy = tuple(busy_in(steps, lo, hi) for steps in stages)
+    whole = bubble_fraction(window_shares(BusyWindow(lo, hi, busy), spans))
+    steady_lo, steady_hi = steady_window(sorted(s for s, _ in spans))
+    steady = math.nan
+    if steady_hi > steady_lo:
+        steady_busy = tuple(busy_in(steps, steady_lo, steady_hi) for steps in stages)
+        steady = bubble_fraction(
+            window_shares(BusyWindow(steady_lo, steady_hi, steady_busy), spans)
+        )
+    return RunBubbles(whole, steady, busy)
