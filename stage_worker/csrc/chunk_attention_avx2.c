@@ -7,12 +7,12 @@
  * took about 30 ms of a 150 ms step of the demo model on the AMD EPYC without AVX-512
  * (BENCHMARKS "Session 14"). Here the tile's query vectors (its tokens times the KV head's
  * `group` query heads, SARATHI_TILE_VECTORS at most) meet each row while it is in L1:
- *   (1) scores: 4 key rows against 2 query vectors at a time, 8 FMA chains, one sums8 tree for
- *       their 8 sums, 6 loads for 8 FMAs where dot8 needs 9;
+ *   (1) scores: 4 key rows against 3 query vectors at a time, 12 FMA chains, 7 loads for 12
+ *       FMAs where attend_head's dot8 needs 9 for 8;
  *   (2) each query vector's softmax numerators over its own causal length (a token attends its
  *       lens[] positions; scores past it, computed with the tile's longest, become zeros);
- *   (3) values: block by block, 2 query vectors times 32 outputs in registers, added into out,
- *       so a block's value rows are read from L1 by every pair.
+ *   (3) values: block by block, 3 query vectors times 32 outputs in registers, added into out,
+ *       so a block's value rows are read from L1 by every three.
  * Each (query token, head) output equals what attend_head computes up to the order of its sums.
  */
 #include "kernels.h"
@@ -23,34 +23,14 @@
 SARATHI_AVX2_BEGIN
 #include "attention_avx2.h"
 
-/* scale * (q0 . key_r, q1 . key_r) for the 4 rows at rows + r * row_bytes, into s0[0..4) and
- * s1[0..4). */
-static inline void scores_2x4(const float *q0, const float *q1, const char *rows,
-                              int64_t row_bytes, int64_t nv, __m256 scale, float *s0, float *s1) {
-    __m256 acc[8];
-    UNROLLED
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nv; ++j) {
-        const __m256 a = _mm256_loadu_ps(q0 + 8 * j), b = _mm256_loadu_ps(q1 + 8 * j);
-        UNROLLED
-        for (int r = 0; r < 4; ++r) {
-            const __m256 k = _mm256_loadu_ps((const float *)(rows + r * row_bytes) + 8 * j);
-            acc[r] = _mm256_fmadd_ps(k, a, acc[r]);
-            acc[4 + r] = _mm256_fmadd_ps(k, b, acc[4 + r]);
-        }
-    }
-    const __m256 s = _mm256_mul_ps(sums8(acc), scale); /* [q0's 4 rows, q1's 4 rows] */
-    _mm_storeu_ps(s0, _mm256_castps256_ps128(s));
-    _mm_storeu_ps(s1, _mm256_extractf128_ps(s, 1));
-}
-
 /* [sum(a[0]), ..., sum(a[3])]. */
 static inline __m128 sums4(const __m256 *a) {
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* scores_2x4 for 3 query vectors: 12 FMA chains, each key load feeding 3 of them. */
+/* scale * (q_k . key_r) for the 4 rows at rows + r * row_bytes and the 3 query vectors q0..q2,
+ * into s_k[0..4): 12 FMA chains, each key load feeding 3 of them. */
 static inline void scores_3x4(const float *q0, const float *q1, const float *q2,
                               const char *rows, int64_t row_bytes, int64_t nv, __m256 scale,
                               float *s0, float *s1, float *s2) {
@@ -74,8 +54,9 @@ static inline void scores_3x4(const float *q0, const float *q1, const float *q2,
     _mm_storeu_ps(s2, _mm_mul_ps(sums4(acc + 8), s));
 }
 
-/* scores[i * stride + pos] for every query vector i < nqv and position pos < keys->len. An odd
- * last vector goes paired with itself. */
+/* scores[i * stride + pos] for every query vector i < nqv and position pos < keys->len, three
+ * vectors at a time; a last one or two make up the three by repeating (their rows are written
+ * twice, alike). */
 static void score_tile(const float *const *qv, int64_t nqv, const head_rows_t *keys, int64_t nv,
                        float scale, float *scores, int64_t stride) {
     const __m256 vscale = _mm256_set1_ps(scale);
@@ -86,19 +67,16 @@ static void score_tile(const float *const *qv, int64_t nqv, const head_rows_t *k
         for (; r + 4 <= n; r += 4) {
             const char *four = rows + r * keys->row_bytes;
             float *at = scores + pos + r;
-            int64_t i = 0;
-            for (; i + 3 <= nqv; i += 3)
-                scores_3x4(qv[i], qv[i + 1], qv[i + 2], four, keys->row_bytes, nv, vscale,
-                           at + i * stride, at + (i + 1) * stride, at + (i + 2) * stride);
-            for (; i < nqv; i += 2) {
-                const int64_t i1 = i + 1 < nqv ? i + 1 : i;
-                scores_2x4(qv[i], qv[i1], four, keys->row_bytes, nv, vscale, at + i * stride,
-                           at + i1 * stride);
+            for (int64_t i = 0; i < nqv; i += 3) {
+                const int64_t i1 = i + 1 < nqv ? i + 1 : i, i2 = i + 2 < nqv ? i + 2 : i1;
+                scores_3x4(qv[i], qv[i1], qv[i2], four, keys->row_bytes, nv, vscale,
+                           at + i * stride, at + i1 * stride, at + i2 * stride);
             }
         }
         for (; r < n; ++r) {
             const float *key = (const float *)(rows + r * keys->row_bytes);
-            for (int64_t i = 0; i < nqv; ++i) scores[i * stride + pos + r] = scale * dot(qv[i], key, nv);
+            for (int64_t i = 0; i < nqv; ++i)
+                scores[i * stride + pos + r] = scale * dot(qv[i], key, nv);
         }
         pos += n;
     }
@@ -114,38 +92,12 @@ static float row_max(const float *scores, int64_t len) {
     return max;
 }
 
-/* o0[0 .. 8 NV) += sum over the n rows of p0[r] * value_r, and o1 likewise with p1: NV (a
- * constant after inlining, 2 or 4) vectors of two query vectors' outputs in registers. */
+/* o[k][0 .. 8 NV) += sum over the n rows of p[k][r] * value_r for the 3 query vectors k: NV (a
+ * constant after inlining, 2 or 4) vectors of each one's output in registers, each value load
+ * feeding 3 FMA chains. */
 static inline __attribute__((always_inline)) void
-values_2xNV(const char *rows, int64_t row_bytes, int64_t n, const float *p0, const float *p1,
-            float *o0, float *o1, int NV) {
-    __m256 acc0[4], acc1[4];
-    UNROLLED
-    for (int j = 0; j < NV; ++j) {
-        acc0[j] = _mm256_loadu_ps(o0 + 8 * j);
-        acc1[j] = _mm256_loadu_ps(o1 + 8 * j);
-    }
-    for (int64_t r = 0; r < n; ++r) {
-        const float *value = (const float *)(rows + r * row_bytes);
-        const __m256 a = _mm256_broadcast_ss(p0 + r), b = _mm256_broadcast_ss(p1 + r);
-        UNROLLED
-        for (int j = 0; j < NV; ++j) {
-            const __m256 v = _mm256_loadu_ps(value + 8 * j);
-            acc0[j] = _mm256_fmadd_ps(a, v, acc0[j]);
-            acc1[j] = _mm256_fmadd_ps(b, v, acc1[j]);
-        }
-    }
-    UNROLLED
-    for (int j = 0; j < NV; ++j) {
-        _mm256_storeu_ps(o0 + 8 * j, acc0[j]);
-        _mm256_storeu_ps(o1 + 8 * j, acc1[j]);
-    }
-}
-
-/* values_2xNV for 3 query vectors: each value load feeds 3 FMA chains. */
-static inline __attribute__((always_inline)) void
-values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *p, float *const *o,
-            int NV) {
+values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *p,
+            float *const *o, int NV) {
     __m256 acc[3][4];
     UNROLLED
     for (int j = 0; j < NV; ++j)
@@ -167,8 +119,8 @@ values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *
         for (int i = 0; i < 3; ++i) _mm256_storeu_ps(o[i] + 8 * j, acc[i][j]);
 }
 
-/* out_i = sum over pos < values->len of probs_i[pos] * value(pos), block by block; out_i
- * zeroed first. An odd last vector goes paired with itself (its sums written twice, equal). */
+/* out_i = sum over pos < values->len of probs_i[pos] * value(pos), block by block, out_i zeroed
+ * first; three vectors at a time, made up by repeating as in score_tile. */
 static void value_tile(float *const *out, const float *probs, int64_t stride, int64_t nqv,
                        const head_rows_t *values, int64_t nv) {
     for (int64_t i = 0; i < nqv; ++i)
@@ -177,28 +129,17 @@ static void value_tile(float *const *out, const float *probs, int64_t stride, in
         const char *rows = block_rows(values, b);
         const int64_t n =
             values->len - pos < values->block_size ? values->len - pos : values->block_size;
-        int64_t i = 0;
-        for (; i + 3 <= nqv; i += 3) {
-            const float *p[3] = {probs + i * stride + pos, probs + (i + 1) * stride + pos,
-                                 probs + (i + 2) * stride + pos};
-            for (int64_t j = 0; j < nv; j += 4) {
+        for (int64_t i = 0; i < nqv; i += 3) {
+            const int64_t i1 = i + 1 < nqv ? i + 1 : i, i2 = i + 2 < nqv ? i + 2 : i1;
+            const float *p[3] = {probs + i * stride + pos, probs + i1 * stride + pos,
+                                 probs + i2 * stride + pos};
+            for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
                 const char *at = rows + j * 8 * (int64_t)sizeof(float);
-                float *o[3] = {out[i] + 8 * j, out[i + 1] + 8 * j, out[i + 2] + 8 * j};
+                float *o[3] = {out[i] + 8 * j, out[i1] + 8 * j, out[i2] + 8 * j};
                 if (nv - j >= 4)
                     values_3xNV(at, values->row_bytes, n, p, o, 4);
                 else
                     values_3xNV(at, values->row_bytes, n, p, o, 2);
-            }
-        }
-        for (; i < nqv; i += 2) {
-            const int64_t i1 = i + 1 < nqv ? i + 1 : i;
-            const float *p0 = probs + i * stride + pos, *p1 = probs + i1 * stride + pos;
-            for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
-                const char *at = rows + j * 8 * (int64_t)sizeof(float);
-                if (nv - j >= 4)
-                    values_2xNV(at, values->row_bytes, n, p0, p1, out[i] + 8 * j, out[i1] + 8 * j, 4);
-                else
-                    values_2xNV(at, values->row_bytes, n, p0, p1, out[i] + 8 * j, out[i1] + 8 * j, 2);
             }
         }
         pos += n;

@@ -48,6 +48,8 @@ def test_the_steady_state_leaves_out_the_ramp_and_the_drain() -> None:
     measured = run_bubbles([steps], spans)
     assert measured.bubble_fraction == pytest.approx(2 / 11)
     assert measured.steady_bubble_fraction == pytest.approx(0.0)
+    at_once = [(0.001 * i, 5.0) for i in range(11)]  # rate inf: every request at the start
+    assert math.isnan(run_bubbles([[(5.0, 5.0)]], at_once).steady_bubble_fraction)
 
 
 def test_a_detailed_result_gives_each_requests_span() -> None:
@@ -78,23 +80,32 @@ def test_our_step_log_gives_each_stages_steps_on_the_clock_the_client_reads(
 
 FAKE_VLLM = {
     "vllm/__init__.py": "",
-    "vllm/distributed.py": """
+    "vllm/distributed/__init__.py": """
         class _Group:
             rank_in_group = 1
         def get_pp_group():
             return _Group()
     """,
+    # the classes and methods as vLLM 0.32 has them, their work and waits as sleeps
+    "vllm/distributed/parallel_state.py": """
+        import time
+        class GroupCoordinator:
+            def irecv_tensor_dict(self):
+                time.sleep(0.1)  # the metadata's receive: until the stage before sends
+                return {}, [], []
+    """,
     "vllm/v1/__init__.py": "",
     "vllm/v1/worker/__init__.py": "",
-    # the two classes as vLLM 0.32 has them, their work and waits as sleeps
     "vllm/v1/worker/gpu_worker.py": """
         import time
+        from vllm.distributed.parallel_state import GroupCoordinator
         class AsyncIntermediateTensors:
             def wait_for_comm(self):
-                time.sleep(0.15)  # the previous stage's activations arrive
+                time.sleep(0.1)  # the activations themselves arrive
         class Worker:
             _pp_send_work = []
             def execute_model(self, scheduler_output):
+                GroupCoordinator().irecv_tensor_dict()
                 AsyncIntermediateTensors().wait_for_comm()
                 time.sleep(0.05)  # the forward
                 return "output"
@@ -129,7 +140,7 @@ def test_the_hook_times_vllms_steps_less_their_waits_in_a_real_process(tmp_path:
     (steps,) = stage_steps(logs)  # rank 1 alone: one stage's process
     assert len(steps) == 2  # the forward and the sampling; the empty step is none
     (forward_end, forward_busy), (_, sample_busy) = steps
-    assert 0.04 < forward_busy < 0.12  # 0.05 s of work, not the 0.15 s wait before it
+    assert 0.04 < forward_busy < 0.15  # 0.05 s of work, not the 0.2 s of waits before it
     assert 0.015 < sample_busy < 0.1
     assert abs(forward_end - time.perf_counter()) < 60  # the machine's one monotonic clock
 

@@ -259,8 +259,10 @@ def save_bubbles(stage_log: Path, result: Path) -> None:
     steps = stage_steps(stage_log)
     if not steps:
         return  # no step written (a server that never ran one): nothing to measure
-    measured = run_bubbles(steps, request_spans(json.loads(result.read_text())))
-    stages_path(result).write_text(json.dumps(asdict(measured), indent=2) + "\n")
+    measured = asdict(run_bubbles(steps, request_spans(json.loads(result.read_text()))))
+    # NaN (no steady state) as null: the file stays standard JSON
+    saved = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in measured.items()}
+    stages_path(result).write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def warm_up(args: argparse.Namespace, spec: ServerSpec) -> None:

@@ -34,7 +34,8 @@ class RunBubbles:
     bubble_fraction: float
     """Bubble over busy plus bubble, the mean over stages, over the whole run."""
     steady_bubble_fraction: float
-    """The same over the middle 80% of the arrivals (NaN: too few requests for one)."""
+    """The same over the middle 80% of the arrivals; NaN where they came at once (that span
+    under a tenth of the run's: rate inf), which leaves no steady state to measure."""
     stage_busy_s: tuple[float, ...]
     """Each stage's busy seconds in the run."""
 
@@ -88,7 +89,7 @@ def run_bubbles(stages: Sequence[Steps], spans: Sequence[tuple[float, float]]) -
     whole = bubble_fraction(window_shares(BusyWindow(lo, hi, busy), spans))
     steady_lo, steady_hi = steady_window(sorted(s for s, _ in spans))
     steady = math.nan
-    if steady_hi > steady_lo:
+    if steady_hi - steady_lo >= 0.1 * (hi - lo):
         steady_busy = tuple(busy_in(steps, steady_lo, steady_hi) for steps in stages)
         steady = bubble_fraction(
             window_shares(BusyWindow(steady_lo, steady_hi, steady_busy), spans)

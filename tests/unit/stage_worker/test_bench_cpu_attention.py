@@ -23,13 +23,24 @@ import bench_cpu_attention
 def test_it_prints_a_row_per_point(capsys: pytest.CaptureFixture[str]) -> None:
     threads = torch.get_num_threads()
     try:
-        code = bench_cpu_attention.main(["--points", "1x16,2x40", "--layers", "2", "--rounds", "1"])
+        code = bench_cpu_attention.main(
+            ["--points", "1x16,2x40", "--chunks", "7@0,5@33", "--layers", "2", "--rounds", "1"]
+        )
     finally:
         torch.set_num_threads(threads)
-    rows = [line for line in capsys.readouterr().out.splitlines() if line[:3] in ("| 1", "| 2")]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line[:3] in ("| 1", "| 2", "| 7", "| 5")]
     assert code == 0
-    assert [row.split("|")[1:3] for row in rows] == [[" 1 ", " 16 "], [" 2 ", " 40 "]]
-    for row in rows:  # ms of both paths, the kernel's GB/s, then a ratio
+    assert [row.split("|")[1:3] for row in rows] == [
+        [" 1 ", " 16 "], [" 2 ", " 40 "], [" 7 ", " 0 "], [" 5 ", " 33 "]
+    ]  # fmt: skip
+    for row in rows:  # ms of both paths, the kernel's GB/s or ns a pair, then a ratio
         kernel_ms, torch_ms, kernel_gb_s = (float(cell) for cell in row.split("|")[3:6])
         assert min(kernel_ms, torch_ms, kernel_gb_s) >= 0  # tiny points round to 0.0
         assert row.split("|")[6].strip().endswith("x")
+
+
+def test_a_malformed_point_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_cpu_attention.main(["--chunks", "48x3"])
+    assert "--chunks: '48x3': expected N@M" in capsys.readouterr().err

@@ -5,12 +5,15 @@ SARATHI_BENCH_STAGE_LOG set to a folder, so every Python process of the server r
 at start-up (Python's `sitecustomize` hook). Where that variable is unset it does nothing.
 
 It wraps two methods of vLLM's `Worker` (vllm/v1/worker/gpu_worker.py, which the CPU worker
-inherits) once that module is imported, and each stage's process appends one line per step to
-`stage-<pid>.tsv` there: `rank  end_s  busy_s`, where
-- busy is the call's wall time less its waits: for the previous step's activations to leave
-  (the sends `execute_model` waits on first) and for this step's to arrive (the lazy receive,
+inherits) and the calls a stage waits in, once their modules are imported, and each stage's
+process appends one line per step to `stage-<pid>.tsv` there: `rank  end_s  busy_s`, where
+- busy is the call's wall time less its waits: for the previous step's sends to complete (which
+  `execute_model` waits on first) and for this step's activations to arrive: the receive of
+  their metadata, which blocks until the stage before sends (`irecv_tensor_dict`,
+  vllm/distributed/parallel_state.py), and of the tensors themselves (the lazy
   `AsyncIntermediateTensors.wait_for_comm`). What is left is the stage computing, as our
-  workers' step time less their wait for activations (controller/step_log.py's `work_s`);
+  workers' step time less their wait for activations (controller/step_log.py's `work_s`); a
+  send counts as busy on both servers;
 - `sample_tokens`, the last stage's sampling after its forward, is a step line of its own;
 - times are `time.perf_counter()`: CLOCK_MONOTONIC, one clock for every process on the
   machine, the client's request start times included.
@@ -29,7 +32,6 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import IO, Any
 
-TARGET = "vllm.v1.worker.gpu_worker"
 FOLDER = os.environ.get("SARATHI_BENCH_STAGE_LOG", "")
 
 
@@ -57,8 +59,38 @@ class _StageLog:
             self.out.write(f"{self.rank}\t{end:.6f}\t{busy:.6f}\n")
 
 
-def _patch(module: ModuleType, log: _StageLog) -> None:
-    worker, tensors = module.Worker, module.AsyncIntermediateTensors
+def _not_as_expected(module: ModuleType) -> None:
+    # another vLLM than this was written for: leave it as it is, and say so
+    print(f"stage_hook: {module.__name__} is not as expected; stages not timed", file=sys.stderr)
+
+
+def _patch_receive(module: ModuleType, log: _StageLog) -> None:
+    group: Any = getattr(module, "GroupCoordinator", None)
+    if not hasattr(group, "irecv_tensor_dict"):
+        _not_as_expected(module)
+        return
+    receive = group.irecv_tensor_dict
+
+    def timed_receive(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return receive(self, *args, **kwargs)
+        finally:
+            log.waited_s += time.perf_counter() - started
+
+    group.irecv_tensor_dict = timed_receive
+
+
+def _patch_worker(module: ModuleType, log: _StageLog) -> None:
+    worker: Any = getattr(module, "Worker", None)
+    tensors: Any = getattr(module, "AsyncIntermediateTensors", None)
+    if not (
+        hasattr(worker, "execute_model")
+        and hasattr(worker, "sample_tokens")
+        and hasattr(tensors, "wait_for_comm")
+    ):
+        _not_as_expected(module)
+        return
     execute, sample, wait_for_comm = (
         worker.execute_model,
         worker.sample_tokens,
@@ -101,19 +133,32 @@ def _patch(module: ModuleType, log: _StageLog) -> None:
     worker.sample_tokens = sample_tokens
 
 
+PATCHES: dict[str, Callable[[ModuleType, _StageLog], None]] = {
+    "vllm.v1.worker.gpu_worker": _patch_worker,
+    "vllm.distributed.parallel_state": _patch_receive,
+}
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds TARGET as the other finders would, and patches it once it has run."""
+    """Finds each module of PATCHES as the other finders would, and patches it once it has
+    run."""
 
     def __init__(self, log: _StageLog) -> None:
         self.log = log
+        self.left = dict(PATCHES)
 
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if name != TARGET:
+        patch = self.left.pop(name, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)  # once: the real spec from the finders after this one
-        spec = importlib.util.find_spec(name)
+        sys.meta_path.remove(self)  # the real spec, from the finders after this one
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.left:
+                sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
         loader, log = spec.loader, self.log
@@ -121,7 +166,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: ModuleType) -> None:
             exec_module(module)
-            _patch(module, log)
+            patch(module, log)
 
         loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
