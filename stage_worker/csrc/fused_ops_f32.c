@@ -2,8 +2,9 @@
  *
  * fused_ops.c's loops over float buffers serve both dtypes, but for float32 GCC's vectorized
  * code ran them at about 1 ns an element on the AMD EPYC without AVX-512: 100 us for a SiLU of
- * 49 tokens of the demo model, 30 us for an RMSNorm, 6 to 15 ms of a prompt chunk's 150 ms step
- * over the 30 layers (BENCHMARKS "Session 14"). Here each is one pass over its rows, 8 floats
+ * 49 tokens of the demo model, 28 us for an RMSNorm, about 15 ms of a prompt chunk's 150 ms
+ * step over the 30 layers (BENCHMARKS "Prompt chunks' attention in tiles, and float32 fused ops
+ * as vectors": a layer's chain 1.4x to 1.7x faster). Here each is one pass over its rows, 8 floats
  * a vector, with the same products, sums and quotients as the reference (layers/norm.py,
  * layers/rotary.py, models/llama.py): rotary equals torch bit for bit; RMSNorm sums its
  * squares in another order and SiLU's exp is a polynomial, so those stay within a rounding step

@@ -15,6 +15,10 @@
  * of its output values at a time in registers, weighting every value row.
  * Sums are float32; the output is float32 (bf16 caches stay on the AVX-512 kernel).
  *
+ * That per-token path (attend_head) takes the decodes. Consecutive tokens with one table, a
+ * prompt chunk's, go in tiles to chunk_attention_avx2.c instead, which reads each row once for
+ * the whole tile; the tiles are handed to the threads before the single tokens.
+ *
  * Compiled for AVX2 with FMA (kernels.h); module.c calls it only where the CPU has both and the
  * caches are float32, after it has checked every shape and table entry; head_dim is a multiple
  * of 16.
