@@ -388,9 +388,9 @@ def bubble_section(rows: list[Row]) -> str:
     if not table:
         return ""
     return (
-        "\n\nPipeline bubbles: each stage idle while some request is in the system, over "
-        "its busy plus idle time then, the mean over stages (bubbles.py); the steady state is "
-        "the middle 80% of the arrivals.\n\n" + table
+        "\n\nPipeline bubbles: the time each stage was idle while some request was in the "
+        "system, over that time plus its busy time, the mean over stages (bubbles.py); the "
+        "steady state is the middle 80% of the arrivals.\n\n" + table
     )
 
 

@@ -31,7 +31,8 @@ class ServerSpec:
     command: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
-    """Set on top of the driver's environment (without PYTHONPATH)."""
+    """Set on top of the driver's environment, less the driver's PYTHONPATH (this may set
+    one: vLLM's stage hook)."""
     stage_log: Path | None = None
     """The folder its stages' steps are written to (bubbles.py), made when it starts: vLLM's
     stage_hook files, or ours' step log (STEP_LOG). None: not timed."""
