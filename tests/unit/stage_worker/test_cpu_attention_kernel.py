@@ -125,9 +125,9 @@ def _chunk_case(
     [
         (9, 3, 64, 16),  # the demo model: tiles of 8 tokens, 24 query vectors
         (9, 3, 64, 5),  # blocks that end inside a tile of 4 key rows
-        (4, 4, 48, 12),  # no grouping: 24 tokens a tile; 48 values, a pair of vectors left
+        (4, 4, 48, 12),  # no grouping: 24 tokens a tile, remainders of 1 and 2 vectors; 48 values
         (10, 2, 80, 16),  # 5 query heads a KV head: tiles of 4 tokens, 20 vectors
-        (7, 1, 32, 1),  # 7 query heads, 3 tokens a tile: an odd number of vectors
+        (7, 1, 32, 1),  # 7 query heads: tiles of 3 tokens; one-row blocks: no tile of 4 rows
         (29, 1, 64, 16),  # Falcon-180B's TP-4 group: one token a tile, the per-token path
     ],
 )
