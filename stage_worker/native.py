@@ -20,7 +20,9 @@ import torch  # first: the module then shares torch's OpenMP runtime (the same l
 logger = logging.getLogger(__name__)
 
 
-def _import() -> ModuleType:
+def module() -> ModuleType:
+    """stage_worker._kernels whether or not this CPU runs its kernels (its argument checks and
+    sizes run anywhere); ImportError in an install built without it."""
     from stage_worker import _kernels  # type: ignore[attr-defined]
 
     return _kernels
@@ -31,7 +33,7 @@ def kernels() -> ModuleType | None:
     """stage_worker._kernels where it runs on this machine, else None (the reason logged
     once)."""
     try:
-        module = _import()
+        loaded = module()
     except ImportError as err:
         logger.warning(
             "the C kernels are not in this install (%s); the torch path runs instead. "
@@ -39,14 +41,14 @@ def kernels() -> ModuleType | None:
             err,
         )
         return None
-    if not module.cpu_supported():
+    if not loaded.cpu_supported():
         logger.info(
             "this CPU lacks AVX-512 with bf16: its bf16 kernels stay off (the AVX2 ones, for "
             "float32, still run where the CPU has AVX2)"
         )
         return None
-    logger.info("C kernels loaded from %s (OpenMP: %s)", module.__file__, module.openmp())
-    return module
+    logger.info("C kernels loaded from %s (OpenMP: %s)", loaded.__file__, loaded.openmp())
+    return loaded
 
 
 @cache
@@ -54,14 +56,14 @@ def fused_kernels() -> ModuleType | None:
     """stage_worker._kernels where its fused elementwise ops run (x86-64 with AVX2 and FMA;
     the AVX-512 kernels need not), else None (the reason logged once)."""
     try:
-        module = _import()
+        loaded = module()
     except ImportError as err:
         logger.warning("the C kernels are not in this install (%s); torch's own ops run", err)
         return None
-    if not module.fused_supported():
+    if not loaded.fused_supported():
         logger.info("this CPU lacks AVX2 with FMA; the fused ops stay off, torch's ops run")
         return None
-    return module
+    return loaded
 
 
 def capsule(tensor: torch.Tensor) -> object:

@@ -54,17 +54,13 @@ def takes_tensors(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return q.dtype == k_cache.dtype and takes_dtype(q.dtype) and k_cache.is_contiguous()
 
 
-TILE_VECTORS = 24
-"""Query vectors the AVX2 kernel takes together in a tile of a prompt chunk's tokens
-(SARATHI_TILE_VECTORS in csrc/kernels.h): a token brings its group of query heads per KV head."""
-
-
 def scratch_floats(num_q_heads: int, num_kv_heads: int, max_context: int, threads: int) -> int:
     """float32 values of scratch one call needs: for each thread, the scores of one tile of a
-    chunk's tokens (as module.c asks: sarathi_attention_scratch_floats in csrc/kernels.h)."""
-    group = num_q_heads // num_kv_heads
-    tile_tokens = max(1, TILE_VECTORS // group)
-    return threads * tile_tokens * group * (-(-max_context // 16) * 16)
+    chunk's tokens, as the module reckons it (sarathi_attention_scratch_floats, csrc/kernels.h)."""
+    per_thread: int = native.module().attention_scratch_floats(
+        num_q_heads, num_kv_heads, max_context
+    )
+    return threads * per_thread
 
 
 def attend(

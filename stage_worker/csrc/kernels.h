@@ -59,7 +59,8 @@ static inline int64_t sarathi_tile_tokens(int64_t group) {
 }
 
 /* float32 values of attention scratch a thread needs (scratch_floats below): one tile's scores
- * over the longest context, rounded up to 16 (cpu_kernel.scratch_floats mirrors it). */
+ * over the longest context, rounded up to 16 (module.c's attention_scratch_floats gives it to
+ * Python). */
 static inline int64_t sarathi_attention_scratch_floats(int64_t group, int64_t max_context) {
     return sarathi_tile_tokens(group) * group * ((max_context + 15) / 16 * 16);
 }

@@ -423,6 +423,17 @@ static PyObject *py_cpu_supported(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kernels_run_here());
 }
 
+static PyObject *py_attention_scratch_floats(PyObject *self, PyObject *args) {
+    (void)self;
+    long long hq, hkv, max_context;
+    if (!PyArg_ParseTuple(args, "LLL:attention_scratch_floats", &hq, &hkv, &max_context))
+        return NULL;
+    if (hkv < 1 || hq < hkv || hq % hkv != 0)
+        return fail("num_q_heads", "must be a multiple of num_kv_heads >= 1"), NULL;
+    if (max_context < 0) return fail("max_context", "must be >= 0"), NULL;
+    return PyLong_FromLongLong(sarathi_attention_scratch_floats(hq / hkv, max_context));
+}
+
 static PyObject *py_openmp(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
 #ifdef _OPENMP
@@ -460,6 +471,9 @@ static PyMethodDef methods[] = {
      "Whether this CPU runs the fused ops and the float32 matmul (AVX2 and FMA on x86-64)."},
     {"cpu_supported", py_cpu_supported, METH_NOARGS,
      "Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16 on x86-64)."},
+    {"attention_scratch_floats", py_attention_scratch_floats, METH_VARARGS,
+     "attention_scratch_floats(num_q_heads, num_kv_heads, max_context): float32 values of "
+     "scratch paged_attention needs a thread, the size it checks scratch against."},
     {"openmp", py_openmp, METH_NOARGS, "Whether the module was built with OpenMP."},
     {NULL, NULL, 0, NULL},
 };

@@ -76,7 +76,7 @@ def test_an_install_without_kernels_falls_back_with_the_reason_logged(
         raise ImportError("No module named 'stage_worker._kernels'")
 
     monkeypatch.setattr(gemv, "_enabled", True)
-    monkeypatch.setattr(native, "_import", missing)
+    monkeypatch.setattr(native, "module", missing)
     native.kernels.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="stage_worker.native"):

@@ -36,7 +36,7 @@ def test_the_module_is_built_with_openmp_and_says_whether_this_cpu_runs_it() -> 
 
 
 SCRATCH_FLOATS = cpu_kernel.scratch_floats(4, 2, 20, 1)
-"""What _attention_args' call needs, as Python reckons it: the module must agree to the value."""
+"""What _attention_args' call needs, as the module reports it: its check takes exactly that."""
 
 
 def _attention_args(**change: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -93,6 +93,14 @@ def test_attention_refuses_what_it_would_read_out_of_bounds(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         _call_attention(_attention_args(**change))
+
+
+def test_the_scratch_size_is_one_tile_of_a_chunks_scores_and_bad_heads_are_named() -> None:
+    # 3 query heads a KV head: tiles of 8 tokens, 24 score rows of the context rounded to 16
+    assert cpu_kernel.scratch_floats(9, 3, 20, 2) == 2 * 24 * 32
+    assert cpu_kernel.scratch_floats(29, 1, 16, 1) == 29 * 16  # a group past a tile: one token
+    with pytest.raises(ValueError, match="num_q_heads"):
+        cpu_kernel.scratch_floats(9, 2, 20, 1)
 
 
 def test_good_attention_arguments_pass_every_check() -> None:
