@@ -346,6 +346,14 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
         "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
     )
     p.add_argument(
+        "--idle-budget",
+        type=int_at_least(0),
+        default=0,
+        help="PP=1, chunked policies: token budget per micro-batch while no sequence decodes "
+        "(a multiple of --tile, at least --budget): a prompt alone goes in fewer, larger chunks, "
+        "since no one waits between tokens (0: --budget always)",
+    )
+    p.add_argument(
         "--time-budget",
         type=float_in(0.0, 3600.0),
         default=0.0,
@@ -380,6 +388,7 @@ def scheduler_config(args: argparse.Namespace, max_model_len: int) -> SchedulerC
     return SchedulerConfig(
         policy=args.policy,
         budget_tokens=budget,
+        idle_budget_tokens=args.idle_budget,
         tile_tokens=args.tile,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,

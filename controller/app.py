@@ -281,9 +281,10 @@ async def begin_serving(
         start_watched(watch_overload(engine, tracker), "overload-watch", on_task_failed),
     ]
     log.info(
-        "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d",
+        "serving %s: pp=%d tp=%d, %d KV blocks of %d tokens, policy %s, budget %d (idle %d)",
         model.name, config.parallel.pp, config.parallel.tp, num_blocks, cache.block_size,
         config.scheduler.policy, config.scheduler.budget_tokens,
+        config.scheduler.idle_budget_tokens,
     )  # fmt: skip
     return engine
 

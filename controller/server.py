@@ -138,6 +138,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
         generate_pb2.SchedulerStatus(
             policy=sched.config.policy,
             budget_tokens=sched.config.budget_tokens,
+            idle_budget_tokens=sched.config.idle_budget_tokens,
             num_waiting=sched.num_waiting,
             num_running=sched.num_running,
             kv_usage_pct=100.0 * sched.kv_usage,

@@ -33,11 +33,14 @@ class BatchBuilder:
         """Index in `chunks` the decode block goes before."""
         self._decodes_added = False
         self.num_tokens = 0
-        self.budget_tokens = scheduler.config.budget_tokens
+        config = scheduler.config
+        self.idle = bool(config.idle_budget_tokens) and scheduler.roster.size == 0
+        """No sequence decodes (idle_budget_tokens is only set with PP = 1, where nothing is in
+        flight now): TBT is not at stake, and the micro-batch takes the idle budget."""
+        self.budget_tokens = config.idle_budget_tokens if self.idle else config.budget_tokens
         self.num_decodes = 0
         """Decodes add_decodes put in (as a block or as chunks)."""
-        config = scheduler.config
-        self.step_cost = config.step_cost if config.time_budget_s else None
+        self.step_cost = config.step_cost if config.time_budget_s and not self.idle else None
         """Set when the micro-batch is also budgeted in predicted time."""
         self.predicted_s = self.step_cost.fixed_s if self.step_cost else 0.0
         self.num_prompt_tokens = 0
@@ -384,17 +387,20 @@ class BatchBuilder:
             remaining = seq.num_uncomputed_tokens
             if remaining == 0 or seq.is_decoding or (wait_for_batch and seq.num_inflight_batches):
                 continue
-            chunk = min(
-                remaining,
-                sched.config.max_chunk_tokens(seq.num_computed_tokens),
-                self.prompt_left,
-            )
+            chunk = min(remaining, self._chunk_limit(seq.num_computed_tokens), self.prompt_left)
             chunk = self._time_limited(seq.num_computed_tokens, chunk)
             if chunk <= 0:
                 continue  # over the time budget; a prompt less far along may still fit
             self._add(seq, chunk, ())
             added += 1
         return added
+
+    def _chunk_limit(self, num_computed_tokens: int) -> int:
+        """The largest chunk a prompt this far along may take: the chunk schedule's, or with
+        nothing decoding the idle budget (the schedule bounds TBT, which is not at stake)."""
+        if self.idle:
+            return self.budget_tokens
+        return self._sched.config.max_chunk_tokens(num_computed_tokens)
 
     def admit_new(self, chunked: bool) -> int:
         """Admits waiting sequences in arrival order (preempted ones first) while KV blocks, the
@@ -411,7 +417,7 @@ class BatchBuilder:
             cached_blocks, num_cached = sched.prefix_cache.lookup(seq)
             remaining = seq.num_tokens - num_cached
             if chunked:
-                chunk = min(remaining, sched.config.max_chunk_tokens(num_cached), self.prompt_left)
+                chunk = min(remaining, self._chunk_limit(num_cached), self.prompt_left)
                 chunk = self._time_limited(num_cached, chunk)
                 if chunk <= 0:
                     break

@@ -57,6 +57,13 @@ class SchedulerConfig:
     budget_tokens: int = 512
     """Tokens per micro-batch. Chunked policies never exceed it; whole-prompt policies exceed it
     only with a single prompt longer than the budget (that prompt then runs alone)."""
+    idle_budget_tokens: int = 0
+    """Chunked policies with one micro-batch in flight (PP = 1): tokens per micro-batch while no
+    sequence decodes. Nobody then waits between tokens, so TBT is not at stake, and a prompt goes
+    in fewer, larger chunks: each step's fixed cost is paid fewer times before its first token.
+    The chunk schedule and the time budget bound TBT and so do not apply then. 0 (the default):
+    budget_tokens always. With PP > 1 it must be 0: a pipeline overlaps a prompt's chunks
+    instead, and one large chunk would leave the other stages idle."""
     tile_tokens: int = 32
     """Matmul tile size; the budget must be a multiple of it (tile quantization, paper 4.3)."""
     max_num_seqs: int = 128
@@ -94,6 +101,7 @@ class SchedulerConfig:
                 self.budget_tokens,
                 f"a positive multiple of tile_tokens={self.tile_tokens}",
             )
+        self._check_idle_budget()
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs", self.max_num_seqs, "at least 1")
         if self.policy in CHUNKED_POLICIES and self.max_num_seqs > self.budget_tokens:
@@ -126,6 +134,24 @@ class SchedulerConfig:
             raise ConfigError("tbt_slo_s", self.tbt_slo_s, "seconds >= 0 (0: none)")
         if self.time_budget_s and self.step_cost is None:
             raise ConfigError("step_cost", None, "a StepCostModel when time_budget_s > 0")
+
+    def _check_idle_budget(self) -> None:
+        idle = self.idle_budget_tokens
+        if not idle:
+            return
+        if self.policy not in CHUNKED_POLICIES:
+            why = f"0 for policy {self.policy} (it does not chunk prompts)"
+            raise ConfigError("idle_budget_tokens", idle, why)
+        if self.pipeline_depth > 1:
+            why = f"0 with pipeline_depth={self.pipeline_depth} (a pipeline overlaps the chunks)"
+            raise ConfigError("idle_budget_tokens", idle, why)
+        if idle < self.budget_tokens or idle % self.tile_tokens:
+            raise ConfigError(
+                "idle_budget_tokens",
+                idle,
+                f"0, or a multiple of tile_tokens={self.tile_tokens} "
+                f"and at least budget_tokens={self.budget_tokens}",
+            )
 
     def max_chunk_tokens(self, num_computed_tokens: int) -> int:
         """Largest chunk a prompt may take next, given how far its prefill has come."""

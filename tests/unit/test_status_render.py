@@ -79,3 +79,14 @@ def test_the_prefix_cache_shows_its_hit_rates_blocks_and_evictions() -> None:
 def test_a_prefix_cache_turned_off_says_so() -> None:
     status = generate_pb2.StatusResponse(model="m", serving=True)
     assert "prefix cache: off" in rendered(status)
+
+
+def test_the_scheduler_shows_its_budgets() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.scheduler.policy = "sarathi"
+    status.scheduler.budget_tokens = 64
+    assert "(512 idle)" not in rendered(status)
+    status.scheduler.idle_budget_tokens = 512
+    console = Console(width=120, record=True)  # wide enough that the cell stays on one line
+    console.print(render(status))
+    assert "64 (512 idle)" in console.export_text()

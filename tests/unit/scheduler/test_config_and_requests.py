@@ -29,6 +29,10 @@ from tests.unit.scheduler.factories import add_request, create_scheduler
         ({"max_model_len": 1}, "max_model_len"),
         ({"chunk_schedule": ((1024, 256), (512, 128))}, "chunk_schedule"),
         ({"chunk_schedule": ((1024, 100),)}, "chunk_schedule"),
+        ({"idle_budget_tokens": 256}, "idle_budget_tokens"),  # under the budget (512)
+        ({"idle_budget_tokens": 1000}, "idle_budget_tokens"),  # not a multiple of the tile
+        ({"idle_budget_tokens": 1024, "pipeline_depth": 2}, "idle_budget_tokens"),
+        ({"idle_budget_tokens": 1024, "policy": "vllm"}, "idle_budget_tokens"),
     ],
 )
 def test_bad_scheduler_config_names_the_field(kwargs: dict[str, object], field: str) -> None:

@@ -150,7 +150,12 @@ class Checker:
         self.num_batches += 1
         cfg = self.sched.config
         if self.chunked:
-            assert batch.num_tokens <= cfg.budget_tokens, "micro-batch over the token budget"
+            # The idle budget, only while no sequence decodes (num_decoding: before this build).
+            idle = cfg.idle_budget_tokens and not self.num_decoding
+            if batch.num_tokens > cfg.budget_tokens:
+                self.count("idle budget")
+            limit = cfg.idle_budget_tokens if idle else cfg.budget_tokens
+            assert batch.num_tokens <= limit, "micro-batch over the token budget"
         assert batch.num_tokens == sum(c.num_tokens for c in batch.chunks)
         for seq_id in batch.finished_seq_ids:
             seq = self.sched.get(seq_id)
@@ -356,6 +361,38 @@ def test_policies_keep_their_promises(
     vector_decodes_from: int,
 ) -> None:
     run(policy, pp, budget, num_blocks, requests, vector_decodes_from)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(["sarathi", "chunked_only"]),
+    budget=st.sampled_from([8, 16, 64]),
+    idle_factor=st.sampled_from([1, 2, 8]),
+    num_blocks=st.sampled_from([61, 400]),
+    requests=requests_strategy,
+    abort_steps=st.dictionaries(st.integers(1, 200), st.integers(0, 23), max_size=3),
+)
+def test_promises_hold_with_an_idle_budget(
+    policy: str,
+    budget: int,
+    idle_factor: int,
+    num_blocks: int,
+    requests: list[Request],
+    abort_steps: dict[int, int],
+) -> None:
+    """PP=1 with larger micro-batches while nothing decodes: the same promises (no stall, the
+    budget whenever a decode runs, every output complete), under preemption and aborts."""
+    overrides = {"idle_budget_tokens": budget * idle_factor}
+    run(policy, 1, budget, num_blocks, requests, 3, abort_steps, config_overrides=overrides)
+
+
+def test_idle_budget_run_does_take_larger_micro_batches() -> None:
+    """The property above checks something: spaced prompts do go over the budget while idle."""
+    checkers: list[Checker] = []
+    requests = [Request(arrival_step=3 * i, prompt_len=150, max_tokens=5) for i in range(6)]
+    overrides = {"idle_budget_tokens": 128}
+    run("sarathi", 1, 16, 400, requests, 3, checker_out=checkers, config_overrides=overrides)
+    assert checkers[0].counts.get("idle budget", 0) >= 3
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -101,6 +101,8 @@ def render(status: generate_pb2.StatusResponse) -> Group:
     budget = str(sc.budget_tokens)
     if sc.time_budget_s:
         budget += f" / {sc.time_budget_s * 1e3:.0f} ms"
+    if sc.idle_budget_tokens:
+        budget += f" ({sc.idle_budget_tokens} idle)"
     sched.add_row(
         sc.policy or "-",
         budget,
