@@ -79,7 +79,8 @@ def test_up_says_what_it_chose_and_why(
     (tmp_path / "config.json").write_text("{}")
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
-    parser.set_defaults(pp=None, budget=None)  # as `up` registers it
+    up.add_budget_flags(parser)
+    parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
     monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr(up.native, "fused_kernels", lambda: object() if kernels else None)
@@ -87,11 +88,19 @@ def test_up_says_what_it_chose_and_why(
     said = up.describe_layout(up.cluster_config(args, port=0), args)
     assert "float32: this CPU has neither AVX512-BF16 nor AMX" in said
     assert up.cluster_config(args, port=0).budget_tokens == (64 if kernels else 128)
+    # PP=1 alone takes large chunks while nothing decodes; a pipeline overlaps them instead
+    assert up.cluster_config(args, port=0).idle_budget_tokens == (512 if kernels else 0)
     if kernels:  # float32 on the AVX2 kernels: one worker on both cores
         assert "PP=1 x TP=1 on 2 cores" in said
         assert "2 torch thread(s) per worker" in said
         assert "PP=1, one worker on every core" in said and "--pp 2" in said
         assert "budget 64: 64-token chunks" in said
+        assert "idle budget 512: while nothing decodes" in said
+        off = parser.parse_args(["--model", str(tmp_path), "--idle-budget", "0"])
+        assert up.cluster_config(off, port=0).idle_budget_tokens == 0
+        assert "idle budget" not in up.describe_layout(up.cluster_config(off, port=0), off)
+        whole = parser.parse_args(["--model", str(tmp_path), "--policy", "vllm"])
+        assert up.cluster_config(whole, port=0).idle_budget_tokens == 0  # it does not chunk
     else:
         assert "PP=2 x TP=1 on 2 cores" in said
         assert "1 torch thread(s) per worker" in said
@@ -101,6 +110,7 @@ def test_up_says_what_it_chose_and_why(
     )
     config = up.cluster_config(chosen, port=0)
     assert config.budget_tokens == 128  # a depth given: the budget is not the auto layout's
+    assert config.idle_budget_tokens == 0
     said = up.describe_layout(config, chosen)
     assert said == "layout: PP=1 x TP=1 on 2 cores, cpu"  # nothing chosen for the user
 

@@ -65,6 +65,9 @@ class LocalClusterConfig:
     """Batching policy."""
     budget_tokens: int = LOCAL_BUDGET_TOKENS
     """Token budget per micro-batch."""
+    idle_budget_tokens: int = 0
+    """Token budget while no sequence decodes (PP = 1; SchedulerConfig.idle_budget_tokens);
+    0: budget_tokens always."""
     port: int = 50051
     """gRPC port of the controller; 0 picks a free one."""
     http_port: int | None = None
@@ -144,6 +147,7 @@ class LocalCluster:
             [
                 "-m", "controller", "--model", cfg.model_dir, "--pp", str(cfg.pp),
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
+                *(["--idle-budget", str(cfg.idle_budget_tokens)] if cfg.idle_budget_tokens else []),
                 *(["--layer-split", split] if split else []),
                 "--port", str(self.port), "--control-addr", control,
                 *(["--http-port", str(self.http_port)] if self.http_port else []),

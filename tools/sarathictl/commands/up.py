@@ -13,6 +13,7 @@ from pathlib import Path
 
 from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
+from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, port
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker import native
@@ -49,6 +50,13 @@ class AutoLayout:
     """The token budget, unless --budget is given (with --pp given: LOCAL_BUDGET_TOKENS)."""
     why: str
     why_budget: str = ""
+    idle_budget_tokens: int = 0
+    """The budget while nothing decodes (PP = 1), unless --idle-budget is given."""
+    why_idle_budget: str = ""
+
+
+IDLE_BUDGET_TOKENS = 512
+"""The idle budget of up's PP=1 layout (SchedulerConfig.idle_budget_tokens)."""
 
 
 def default_layout(device: str, dtype: str) -> AutoLayout:
@@ -62,6 +70,9 @@ def default_layout(device: str, dtype: str) -> AutoLayout:
         ), (
             "budget 64: 64-token chunks (150 ms on 2 cores) kept P99 TBT at 220-260 ms at 0.25 "
             "req/s where 128 gave 370-440 (same runs; --budget to choose)"
+        ), IDLE_BUDGET_TOKENS, (
+            f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
+            "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
         ))  # fmt: skip
     return AutoLayout(2, LOCAL_BUDGET_TOKENS, (
         "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
@@ -93,6 +104,8 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(f"  {auto.why}")
         if args.budget is None and auto.why_budget:
             lines.append(f"  {auto.why_budget}")
+        if getattr(args, "idle_budget", None) is None and config.idle_budget_tokens:
+            lines.append(f"  {auto.why_idle_budget}")
     return "\n".join(lines)
 
 
@@ -164,6 +177,10 @@ def cluster_config(
     auto = default_layout(args.device, dtype)
     pp = args.pp or auto.pp
     budget = args.budget or (auto.budget_tokens if args.pp is None else LOCAL_BUDGET_TOKENS)
+    idle_budget = getattr(args, "idle_budget", None)
+    if idle_budget is None:  # up's own pick, where it picks the layout and the policy chunks
+        chunked = args.policy in CHUNKED_POLICIES and auto.idle_budget_tokens >= budget
+        idle_budget = auto.idle_budget_tokens if args.pp is None and chunked else 0
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=pp,
@@ -171,6 +188,7 @@ def cluster_config(
         layer_split=args.layer_split,
         policy=args.policy,
         budget_tokens=budget,
+        idle_budget_tokens=idle_budget,
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
@@ -212,7 +230,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_budget_flags(p)
     # up alone picks the depth and budget for the machine (default_layout); the benchmarks and
     # demo keep PP=2 and LOCAL_BUDGET_TOKENS
-    p.set_defaults(run=run, pp=None, budget=None)
+    p.set_defaults(run=run, pp=None, budget=None, idle_budget=None)
 
 
 def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
