@@ -101,6 +101,8 @@ def test_up_says_what_it_chose_and_why(
         assert "idle budget" not in up.describe_layout(up.cluster_config(off, port=0), off)
         whole = parser.parse_args(["--model", str(tmp_path), "--policy", "vllm"])
         assert up.cluster_config(whole, port=0).idle_budget_tokens == 0  # it does not chunk
+        slo = parser.parse_args(["--model", str(tmp_path), "--tbt-slo", "0.3"])
+        assert up.cluster_config(slo, port=0).idle_budget_tokens == 0  # the budget is not known
     else:
         assert "PP=2 x TP=1 on 2 cores" in said
         assert "1 torch thread(s) per worker" in said

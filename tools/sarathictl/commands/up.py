@@ -178,9 +178,12 @@ def cluster_config(
     pp = args.pp or auto.pp
     budget = args.budget or (auto.budget_tokens if args.pp is None else LOCAL_BUDGET_TOKENS)
     idle_budget = getattr(args, "idle_budget", None)
-    if idle_budget is None:  # up's own pick, where it picks the layout and the policy chunks
+    if idle_budget is None:
+        # up's own pick where it picks the layout and the policy chunks; in SLO mode the
+        # controller chooses the budget, which the idle budget must not be under
         chunked = args.policy in CHUNKED_POLICIES and auto.idle_budget_tokens >= budget
-        idle_budget = auto.idle_budget_tokens if args.pp is None and chunked else 0
+        slo_mode = bool(getattr(args, "tbt_slo", 0))
+        idle_budget = auto.idle_budget_tokens if args.pp is None and chunked and not slo_mode else 0
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=pp,
