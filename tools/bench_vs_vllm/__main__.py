@@ -371,8 +371,8 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         )
         + ".\n\n"
         + capacity_table(rows, slo_ms)
-        + ttft_split_section(rows)
-        + bubble_section(rows)
+        + section(TTFT_SPLIT_INTRO, ttft_split_table(rows))
+        + section(BUBBLE_INTRO, bubble_table(rows))
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )
     summary = {
@@ -385,27 +385,22 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
     return report
 
 
-def ttft_split_section(rows: list[Row]) -> str:
-    table = ttft_split_table(rows)
-    if not table:
-        return ""
-    return (
-        "\n\nTTFT by what a request met on arrival: no other request in the system (alone) or "
-        "some (beside others), medians and counts (ttft_split.py). Alone, a prompt is "
-        "prefilled at once by both; beside decodes, ours goes in budget-sized chunks while "
-        "vLLM's goes whole and holds the decodes back.\n\n" + table
-    )
+TTFT_SPLIT_INTRO = (
+    "TTFT by what a request met on arrival: no other request in the system (alone) or some "
+    "(beside others), medians and counts (ttft_split.py). Alone, a prompt is prefilled at once "
+    "by both; beside decodes, ours goes in budget-sized chunks while vLLM's goes whole and "
+    "holds the decodes back."
+)
+BUBBLE_INTRO = (
+    "Pipeline bubbles: the time each stage was idle while some request was in the system, over "
+    "that time plus its busy time, the mean over stages (bubbles.py); the steady state is the "
+    "middle 80% of the arrivals."
+)
 
 
-def bubble_section(rows: list[Row]) -> str:
-    table = bubble_table(rows)
-    if not table:
-        return ""
-    return (
-        "\n\nPipeline bubbles: the time each stage was idle while some request was in the "
-        "system, over that time plus its busy time, the mean over stages (bubbles.py); the "
-        "steady state is the middle 80% of the arrivals.\n\n" + table
-    )
+def section(intro: str, table: str) -> str:
+    """A report section after the ones before it; "" when its table is empty (nothing measured)."""
+    return f"\n\n{intro}\n\n{table}" if table else ""
 
 
 def saved_rows(args: argparse.Namespace) -> list[Row]:
