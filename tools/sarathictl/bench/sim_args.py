@@ -151,6 +151,13 @@ def _add_scheduler_args(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument("--max-num-seqs", type=positive, default=d.max_num_seqs)
     group.add_argument(
+        "--idle-budget",
+        type=int_at_least(0),
+        default=d.idle_budget_tokens,
+        help="sarathi at PP=1: token budget while no sequence decodes (a multiple of 32, at "
+        "least --budget; 0, the default: --budget always)",
+    )
+    group.add_argument(
         "--time-budget",
         type=NumberOrName(float_in(0.0, 3600.0), ("auto",)),
         default=0.0,
@@ -226,6 +233,7 @@ def setup_from_args(args: argparse.Namespace, policy: str) -> SimSetup:
         budget_tokens=args.budget,
         baseline_budget_tokens=args.baseline_budget,
         max_num_seqs=args.max_num_seqs,
+        idle_budget_tokens=args.idle_budget,
         spread_decodes=args.spread_decodes,
         spread_prompts=args.spread_prompts,
         time_budget=args.time_budget,

@@ -62,6 +62,9 @@ class SimSetup:
     prefix_caching: bool = True
     """The scheduler's prefix cache (the served default); what it saves depends on the
     workload's shared prefixes (WorkloadSpec.system_prompt_tokens)."""
+    idle_budget_tokens: int = 0
+    """Chunked policies at PP = 1: the budget while no sequence decodes
+    (SchedulerConfig.idle_budget_tokens); 0: none. The whole-prompt baselines ignore it."""
     time_budget: float | str = 0.0
     """Chunked policies: also budget each micro-batch in predicted stage time: seconds, or
     "auto" (the time budget_tokens of a prompt's first chunk take); 0: tokens only. The
@@ -173,6 +176,7 @@ def prepare(setup: SimSetup) -> PreparedSim:
     scheduler_config = SchedulerConfig(
         policy=setup.policy,
         budget_tokens=budget,
+        idle_budget_tokens=0 if setup.policy in BASELINE_POLICIES else setup.idle_budget_tokens,
         tile_tokens=TILE_TOKENS,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
