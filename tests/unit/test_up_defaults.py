@@ -107,14 +107,22 @@ def test_up_says_what_it_chose_and_why(
         assert "PP=2 x TP=1 on 2 cores" in said
         assert "1 torch thread(s) per worker" in said
         assert "LM head's stage holds fewer" in said
-    chosen = parser.parse_args(
-        ["--model", str(tmp_path), "--pp", "1", "--threads", "2", "--dtype", "float32"]
-    )
+    flags = ["--model", str(tmp_path), "--threads", "2", "--dtype", "float32"]
+    # The machine's depth given: its measured budgets still go with it (`bench-vs-vllm`'s
+    # sarathi-pp1 is then up's own layout); the other depth keeps LOCAL_BUDGET_TOKENS.
+    same, other = ("1", "2") if kernels else ("2", "1")
+    config = up.cluster_config(parser.parse_args([*flags, "--pp", same]), port=0)
+    measured = (64, 512) if kernels else (128, 0)
+    assert (config.budget_tokens, config.idle_budget_tokens) == measured
+    chosen = parser.parse_args([*flags, "--pp", other, "--budget", "96", "--idle-budget", "0"])
     config = up.cluster_config(chosen, port=0)
-    assert config.budget_tokens == 128  # a depth given: the budget is not the auto layout's
-    assert config.idle_budget_tokens == 0
+    assert (config.budget_tokens, config.idle_budget_tokens) == (96, 0)
     said = up.describe_layout(config, chosen)
-    assert said == "layout: PP=1 x TP=1 on 2 cores, cpu"  # nothing chosen for the user
+    assert said == f"layout: PP={other} x TP=1 on 2 cores, cpu" + (
+        "\n  layers: the LM head's stage holds fewer (--layer-split to choose)" if kernels else ""
+    )  # nothing chosen for the user but the split
+    config = up.cluster_config(parser.parse_args([*flags, "--pp", other]), port=0)
+    assert (config.budget_tokens, config.idle_budget_tokens) == (128, 0)
 
 
 def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ class AutoLayout:
 
     pp: int
     budget_tokens: int
-    """The token budget, unless --budget is given (with --pp given: LOCAL_BUDGET_TOKENS)."""
+    """The token budget at this depth, unless --budget is given (another depth given with --pp:
+    LOCAL_BUDGET_TOKENS)."""
     why: str
     why_budget: str = ""
     idle_budget_tokens: int = 0
@@ -99,13 +100,13 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
+    auto = default_layout(config.device, config.dtype)
     if args.pp is None:
-        auto = default_layout(config.device, config.dtype)
         lines.append(f"  {auto.why}")
-        if args.budget is None and auto.why_budget:
-            lines.append(f"  {auto.why_budget}")
-        if getattr(args, "idle_budget", None) is None and config.idle_budget_tokens:
-            lines.append(f"  {auto.why_idle_budget}")
+    if args.budget is None and config.pp == auto.pp and auto.why_budget:
+        lines.append(f"  {auto.why_budget}")
+    if getattr(args, "idle_budget", 0) is None and config.idle_budget_tokens:
+        lines.append(f"  {auto.why_idle_budget}")
     return "\n".join(lines)
 
 
@@ -138,7 +139,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=LOCAL_BUDGET_TOKENS,
         help=f"token budget per micro-batch (default {LOCAL_BUDGET_TOKENS}: sized for CPU workers; "
-        "`up` without --pp picks it with the depth and says why)",
+        "`up` takes the one measured for its machine's layout at that depth and says why)",
     )
     p.add_argument(
         "--device",
@@ -176,14 +177,16 @@ def cluster_config(
     dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
     auto = default_layout(args.device, dtype)
     pp = args.pp or auto.pp
-    budget = args.budget or (auto.budget_tokens if args.pp is None else LOCAL_BUDGET_TOKENS)
-    idle_budget = getattr(args, "idle_budget", None)
+    # The budgets measured for the machine's layout go with its depth, whether up picked the
+    # depth or it was given; another depth keeps LOCAL_BUDGET_TOKENS.
+    budget = args.budget or (auto.budget_tokens if pp == auto.pp else LOCAL_BUDGET_TOKENS)
+    idle_budget = getattr(args, "idle_budget", 0)  # None: up's own pick
     if idle_budget is None:
-        # up's own pick where it picks the layout and the policy chunks; in SLO mode the
-        # controller chooses the budget, which the idle budget must not be under
+        # Not in SLO mode: the controller chooses the budget there, and the idle budget may not
+        # be under it.
         chunked = args.policy in CHUNKED_POLICIES and auto.idle_budget_tokens >= budget
         slo_mode = bool(getattr(args, "tbt_slo", 0))
-        idle_budget = auto.idle_budget_tokens if args.pp is None and chunked and not slo_mode else 0
+        idle_budget = auto.idle_budget_tokens if pp == auto.pp and chunked and not slo_mode else 0
     return LocalClusterConfig(
         model_dir=resolve_model(args.model),
         pp=pp,
@@ -231,8 +234,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_cluster_flags(p)
     add_reliability_flags(p)
     add_budget_flags(p)
-    # up alone picks the depth and budget for the machine (default_layout); the benchmarks and
-    # demo keep PP=2 and LOCAL_BUDGET_TOKENS
+    # up alone picks the depth and the budgets for the machine (default_layout); the benchmarks
+    # and demo keep PP=2 and LOCAL_BUDGET_TOKENS
     p.set_defaults(run=run, pp=None, budget=None, idle_budget=None)
 
 
