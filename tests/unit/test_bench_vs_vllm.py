@@ -112,8 +112,8 @@ def test_the_ttft_split_comes_from_the_detailed_result_and_skips_rate_inf() -> N
         "errors": ["", "", ""],
     }
     split_row = parse_result(detailed, "sarathi", "random-512-128")
-    assert split_row.ttft_alone is not None and split_row.ttft_alone.num_alone == 2
-    assert parse_result(SAVED, "vllm", "random-512-128").ttft_alone is None  # not detailed
+    assert split_row.ttft_split is not None and split_row.ttft_split.num_alone == 2
+    assert parse_result(SAVED, "vllm", "random-512-128").ttft_split is None  # not detailed
     table = ttft_split_table([split_row, replace(split_row, rate=math.inf, system="vllm")])
     assert table.splitlines()[2] == "| random-512-128 | 1 | sarathi | 225 (2) | 500 (1) |"
     assert "inf" not in table

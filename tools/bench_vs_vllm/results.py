@@ -40,7 +40,7 @@ class Row:
     """The stages' bubble over the run (bubbles.py); NaN where the stages were not timed."""
     steady_bubble_fraction: float = math.nan
     """The same over the middle 80% of the arrivals."""
-    ttft_alone: TtftSplit | None = None
+    ttft_split: TtftSplit | None = None
     """Median TTFT of the requests that arrived alone and of those beside others
     (ttft_split.py); None where the result has no per-request lists."""
 
@@ -76,7 +76,7 @@ def parse_result(result: dict[str, object], system: str, workload: str) -> Row:
         p99_ttft_ms=_number(result, "p99_ttft_ms"),
         median_itl_ms=_number(result, "median_itl_ms"),
         p99_itl_ms=_number(result, "p99_itl_ms"),
-        ttft_alone=ttft_split_of(result),
+        ttft_split=ttft_split_of(result),
     )
 
 
@@ -214,7 +214,7 @@ def ttft_split_table(rows: Iterable[Row]) -> str:
     """Median TTFT of the requests that arrived alone and of those beside others, with their
     counts, for the runs that spread their arrivals (not rate inf) ("" when none has them)."""
     split = sorted(
-        (r for r in rows if r.ttft_alone is not None and math.isfinite(r.rate)),
+        (r for r in rows if r.ttft_split is not None and math.isfinite(r.rate)),
         key=lambda r: (r.workload, r.rate, r.system),
     )
     if not split:
@@ -225,7 +225,7 @@ def ttft_split_table(rows: Iterable[Row]) -> str:
         "| --- | ---: | --- | ---: | ---: |",
     ]
     for r in split:
-        t = r.ttft_alone
+        t = r.ttft_split
         assert t is not None
         lines.append(
             f"| {r.workload} | {_rate(r.rate)} | {r.system} | {_ms_of(t.alone_ms, t.num_alone)} | "
