@@ -387,20 +387,17 @@ class BatchBuilder:
             remaining = seq.num_uncomputed_tokens
             if remaining == 0 or seq.is_decoding or (wait_for_batch and seq.num_inflight_batches):
                 continue
-            chunk = min(remaining, self._chunk_limit(seq.num_computed_tokens), self.prompt_left)
+            chunk = min(
+                remaining,
+                sched.config.max_chunk_tokens(seq.num_computed_tokens, self.idle),
+                self.prompt_left,
+            )
             chunk = self._time_limited(seq.num_computed_tokens, chunk)
             if chunk <= 0:
                 continue  # over the time budget; a prompt less far along may still fit
             self._add(seq, chunk, ())
             added += 1
         return added
-
-    def _chunk_limit(self, num_computed_tokens: int) -> int:
-        """The largest chunk a prompt this far along may take: the chunk schedule's, or with
-        nothing decoding the idle budget (the schedule bounds TBT, which is not at stake)."""
-        if self.idle:
-            return self.budget_tokens
-        return self._sched.config.max_chunk_tokens(num_computed_tokens)
 
     def admit_new(self, chunked: bool) -> int:
         """Admits waiting sequences in arrival order (preempted ones first) while KV blocks, the
@@ -417,7 +414,11 @@ class BatchBuilder:
             cached_blocks, num_cached = sched.prefix_cache.lookup(seq)
             remaining = seq.num_tokens - num_cached
             if chunked:
-                chunk = min(remaining, self._chunk_limit(num_cached), self.prompt_left)
+                chunk = min(
+                    remaining,
+                    sched.config.max_chunk_tokens(num_cached, self.idle),
+                    self.prompt_left,
+                )
                 chunk = self._time_limited(num_cached, chunk)
                 if chunk <= 0:
                     break

@@ -153,8 +153,12 @@ class SchedulerConfig:
                 f"and at least budget_tokens={self.budget_tokens}",
             )
 
-    def max_chunk_tokens(self, num_computed_tokens: int) -> int:
-        """Largest chunk a prompt may take next, given how far its prefill has come."""
+    def max_chunk_tokens(self, num_computed_tokens: int, idle: bool = False) -> int:
+        """Largest chunk a prompt may take next, given how far its prefill has come; idle (no
+        sequence decodes, idle_budget_tokens set): the idle budget, since the chunk schedule
+        bounds TBT, which is not at stake then."""
+        if idle:
+            return self.idle_budget_tokens
         limit = self.budget_tokens
         for computed, chunk in self.chunk_schedule:
             if num_computed_tokens < computed:
