@@ -184,6 +184,13 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
         help="CPU float32: linear layers on the package's matmul kernel where the CPU has "
         "AVX2 with FMA (--no-cpu-matmul-kernel: torch's F.linear, MKL or oneDNN)",
     )
+    p.add_argument(
+        "--cpu-layer-loop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU float32, Llama family, TP=1: the layers as one loop over the C kernels, "
+        "without a module call per layer part (--no-cpu-layer-loop: the modules)",
+    )
 
 
 def add_control_link_flags(p: argparse.ArgumentParser) -> None:
@@ -231,6 +238,7 @@ def config_from(a: argparse.Namespace, controller: str) -> WorkerConfig:
         small_batch_kernel=a.small_batch_kernel,
         fused_ops=a.fused_ops,
         cpu_matmul_kernel=a.cpu_matmul_kernel,
+        cpu_layer_loop=a.cpu_layer_loop,
         controller_timeout_s=a.controller_timeout,
         curve_server_key_file=a.curve_server_key_file,
         curve_key_file=a.curve_key_file,

@@ -37,7 +37,7 @@ from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
 from stage_worker.layers import cpu_matmul, fused, gemv
-from stage_worker.models import DTYPES, StageModel, build_stage
+from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
 from stage_worker.step_timer import StepTimer, TimedAttention, clock
@@ -97,6 +97,9 @@ class WorkerConfig:
     cpu_matmul_kernel: bool = True
     """CPU float32: linear layers run the package's AVX2 matmul kernel where it can
     (layers/cpu_matmul.py); off, MKL's or oneDNN's through torch."""
+    cpu_layer_loop: bool = True
+    """CPU float32, Llama family, TP=1: the layers run as one loop over the C kernels
+    (models/llama_cpu_loop.py); off, as a module call per layer part."""
     cuda_graphs: bool = True
     """On CUDA with TP=1: decode steps replay CUDA graphs captured per batch bucket (no effect
     on the CPU). On an H200 they take a 7B decode step of one sequence from 13-16 ms to 5.4-6
@@ -310,6 +313,7 @@ class StageWorker:
             gemv.enable()
         fused.set_enabled(cfg.fused_ops)
         cpu_matmul.set_enabled(cfg.cpu_matmul_kernel)
+        llama_cpu_loop.set_enabled(cfg.cpu_layer_loop)
         while True:
             try:
                 return self._join_and_serve()

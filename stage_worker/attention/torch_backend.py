@@ -38,7 +38,7 @@ class _Decodes:
 
 
 @dataclass
-class _KernelStep:
+class KernelStep:
     """The step for the CPU kernel: one row per query token."""
 
     block_table: torch.Tensor  # [T, max_blocks] int64: the table of each token's sequence
@@ -47,7 +47,7 @@ class _KernelStep:
     threads: int  # the worker's torch threads when the step was prepared
 
 
-def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -> _KernelStep:
+def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -> KernelStep:
     """Per-token tables and context lengths, built with numpy: a chunk's tokens repeat its
     sequence's table and attend first_position + 1, + 2, ... positions (the causal mask)."""
     seqs, bs = meta.seqs, meta.block_size
@@ -61,7 +61,7 @@ def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -
     lens = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(q0_minus_p0, counts) + 1
     max_len = max(s.context_len for s in seqs)
     threads = torch.get_num_threads()
-    return _KernelStep(
+    return KernelStep(
         torch.from_numpy(np.repeat(tables, counts, axis=0)),
         torch.from_numpy(lens),
         torch.empty(cpu_kernel.scratch_floats(num_q_heads, num_kv_heads, max_len, threads)),
@@ -101,7 +101,7 @@ class TorchAttention:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         step = meta.extra.get("cpu_kernel")
         # a step prepared for the kernel (on the CPU, heads it takes, the kernel available)
-        if isinstance(step, _KernelStep) and cpu_kernel.takes_tensors(q, k_cache):
+        if isinstance(step, KernelStep) and cpu_kernel.takes_tensors(q, k_cache):
             return cpu_kernel.attend(
                 q, k_cache, v_cache, step.block_table, step.context_lens, step.scratch, step.threads
             )

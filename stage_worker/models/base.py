@@ -123,10 +123,23 @@ class StageModel(nn.Module):
         meta.dtype = self.dtype
         attention.prepare(meta, self.num_q_heads_local, self.num_kv_heads_local, self.spec.head_dim)
         cos_sin = self.rotary.cos_sin(meta.positions, self.dtype)
-        for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos_sin, kv_cache.layer(index), meta, attention)
+        hidden = self.run_layers(hidden, cos_sin, meta, kv_cache, attention)
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
+        return hidden
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        """hidden: [num_tokens, hidden] through this stage's layers, each a module call (a
+        family may take some steps another way)."""
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos_sin, kv_cache.layer(index), meta, attention)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

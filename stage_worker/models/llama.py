@@ -14,6 +14,7 @@ from stage_worker.attention import AttentionBackend, AttentionMetadata
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec
+from stage_worker.kv_cache import KVCache
 from stage_worker.layers import (
     ColumnParallelLinear,
     RMSNorm,
@@ -22,6 +23,7 @@ from stage_worker.layers import (
     fused,
 )
 from stage_worker.models.base import StageLayer, StageModel
+from stage_worker.models.llama_cpu_loop import CpuLayerLoop
 
 
 class LlamaLayer(StageLayer):
@@ -114,9 +116,33 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 class LlamaStage(StageModel):
     embed_name = "model.embed_tokens.weight"
     final_norm_name = "model.norm.weight"
+    layer_loop: CpuLayerLoop | None = None
+    """The layers as one loop over the C kernels, where a CPU float32 step allows it
+    (llama_cpu_loop.py); set by pack()."""
 
     def make_layer(self) -> StageLayer:
         return LlamaLayer(self.spec, self.shard, self.tp, self.device, self.dtype)
+
+    def llama_layers(self) -> list[LlamaLayer]:
+        return [layer for layer in self.layers if isinstance(layer, LlamaLayer)]
+
+    def pack(self) -> None:
+        super().pack()
+        self.layer_loop = CpuLayerLoop.build(self)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        loop = self.layer_loop
+        step = loop.step_for(hidden, meta, kv_cache) if loop is not None else None
+        if loop is None or step is None:
+            return super().run_layers(hidden, cos_sin, meta, kv_cache, attention)
+        return loop.forward(hidden, cos_sin, kv_cache, meta, step, attention)
 
     def make_final_norm(self) -> nn.Module:
         return RMSNorm(self.spec.hidden_size, self.spec.norm_eps, self.device, self.dtype)

@@ -39,7 +39,8 @@ from stage_worker.config import ModelSpec, ShardSpec, load_spec, spec_from_confi
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
 from stage_worker.layers import ShardedLinear, cpu_matmul, fused, gemv
-from stage_worker.models import DTYPES, StageModel, build_stage
+from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
+from stage_worker.models.llama import LlamaStage
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,8 @@ class Report:
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
     cpu_matmul_kernel: bool
     """The float32 linear layers ran the package's AVX2 matmul kernel (cpu_matmul.py)."""
+    cpu_layer_loop: bool
+    """The layers ran as one loop over the C kernels (models/llama_cpu_loop.py)."""
     threads: int
     context_tokens: int
     param_bytes: int
@@ -283,6 +286,7 @@ def make_report(
         cpu_matmul_kernel=any(
             m.f32 is not None for m in model.modules() if isinstance(m, ShardedLinear)
         ),
+        cpu_layer_loop=isinstance(model, LlamaStage) and model.layer_loop is not None,
         threads=torch.get_num_threads(),
         context_tokens=args.context_tokens,
         param_bytes=model.param_bytes,
@@ -315,7 +319,8 @@ def print_report(r: Report) -> None:
         f"{r.model}: {r.param_bytes / 1e6:.1f} MB of {r.dtype} weights on {r.device_name} "
         f"({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
         f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}"
-        f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}\n"
+        f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}"
+        f"{', layers as one loop over the C kernels' if r.cpu_layer_loop else ''}\n"
     )
     print("| step | tokens | step ms | CUDA graph ms | tokens/s | against the limit |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -361,6 +366,7 @@ def run(args: argparse.Namespace) -> int:
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
     fused.set_enabled(args.fused_ops)
     cpu_matmul.set_enabled(args.cpu_matmul_kernel)
+    llama_cpu_loop.set_enabled(args.cpu_layer_loop)
     model, name = load_model(args, DTYPES[args.dtype])
     bench = StageBench(
         model,
@@ -473,6 +479,13 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         default=True,
         help="CPU float32: linear layers on the package's AVX2 matmul kernel where it runs "
         "(--no-cpu-matmul-kernel: torch's F.linear, to compare)",
+    )
+    p.add_argument(
+        "--cpu-layer-loop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU float32, Llama family, TP=1: the layers as one loop over the C kernels "
+        "(--no-cpu-layer-loop: a module call per layer part, to compare)",
     )
     p.add_argument(
         "--matmul-size",

@@ -1,0 +1,250 @@
+"""A Llama stage's decoder layers on the CPU in float32 as one plain loop over the package's C
+kernels: the kernels LlamaLayer.forward reaches, in the same order, on the same values, with the
+Python between them cut to what the loop itself needs.
+
+Why: on a 2-core CPU a decode step's kernels are short, and what lies between them is not.
+`perf` on a warm stage (SmolLM2-135M, float32, an AVX2 EPYC) had the main thread in Python and
+torch's dispatch for 36% of a decode step while the other core waited in OpenMP: a module call
+per layer part, a DLPack capsule per tensor per kernel call, a fresh tensor per op, views and
+splits (BENCHMARKS "A layer loop for CPU decode steps"). Here the weights' capsules are made
+once, at load, and a step's buffers and their capsules once for all of its layers.
+
+When: a Llama stage with TP=1 (nothing to all-reduce) in float32 on the CPU, every linear layer
+packed for the AVX2 matmul kernel, the fused ops on, and the step prepared for the attention
+kernel. Anything else runs the layers' modules, as does `--no-cpu-layer-loop` (to compare). Both
+give the same hidden states bit for bit (tests/unit/stage_worker/test_cpu_layer_loop.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from stage_worker import native
+from stage_worker.attention import AttentionBackend, AttentionMetadata
+from stage_worker.attention.torch_backend import KernelStep
+from stage_worker.kv_cache import KVCache
+from stage_worker.layers import fused, linear
+from stage_worker.step_timer import TimedAttention, clock
+
+if TYPE_CHECKING:
+    from stage_worker.models.llama import LlamaLayer, LlamaStage
+
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """On by default; decides for the stages loaded from now on."""
+    global _enabled
+    _enabled = on
+
+
+@dataclass(frozen=True)
+class _LayerWeights:
+    """One layer's weights as capsules for the C kernels (each holds its tensor alive)."""
+
+    input_norm: object  # [H]
+    post_norm: object  # [H]
+    qkv: object  # panels of [(nq + 2 nkv) * D, H]
+    o_proj: object  # panels of [H, nq * D]
+    gate_up: object  # panels of [2F, H]
+    down: object  # panels of [H, F]
+    eps: float  # both norms' (the spec's norm_eps)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    hidden: int  # H
+    q_heads: int  # nq, this rank's
+    kv_heads: int  # nkv, this rank's
+    head_dim: int  # D
+    ffn: int  # F, this rank's
+
+
+class _StepBuffers:
+    """A step's activations, each allocated once and overwritten by every layer; `x` is the
+    residual stream, updated in place. The capsules are of these tensors (or views of them)."""
+
+    def __init__(self, hidden: torch.Tensor, shape: _Shape, cos_sin: tuple[torch.Tensor, ...]):
+        t, h, d = hidden.shape[0], shape.hidden, shape.head_dim
+        nq, nkv = shape.q_heads, shape.kv_heads
+        self.x = hidden.clone(memory_format=torch.contiguous_format)  # [T, H]: not the caller's
+        normed = torch.empty(t, h)
+        qkv = torch.empty(t, (nq + 2 * nkv) * d)
+        qk = torch.empty(t, nq + nkv, d)  # rotated: q heads, then k heads
+        self.k = qk[:, nq:]  # [T, nkv, D]
+        self.v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # [T, nkv, D]
+        self.q_rotated = qk[:, :nq]  # [T, nq, D], strided
+        self.q = torch.empty(t, nq, d)  # the same, contiguous, as the attention kernel reads it
+        attended = torch.empty(t, nq, d)
+        self.out = torch.empty(t, h)  # a sub-layer's output, before it joins the stream
+        gate_up = torch.empty(t, 2 * shape.ffn)
+        act = torch.empty(t, shape.ffn)
+        cos, sin = cos_sin  # [T, 1, D] each
+        capsule = native.capsule
+        self.c_x, self.c_normed, self.c_qkv = capsule(self.x), capsule(normed), capsule(qkv)
+        self.c_qk_in = capsule(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d))
+        self.c_qk, self.c_q = capsule(qk), capsule(self.q)
+        self.c_cos, self.c_sin = capsule(cos.flatten(1)), capsule(sin.flatten(1))
+        self.c_attended = capsule(attended)  # as the attention kernel writes it
+        self.c_attended_rows = capsule(attended.view(t, nq * d))  # as o_proj reads it
+        self.c_out, self.c_gate_up, self.c_act = capsule(self.out), capsule(gate_up), capsule(act)
+
+
+class CpuLayerLoop:
+    """The layers of one Llama stage, run as a loop over the C kernels (see the module's doc)."""
+
+    def __init__(self, layers: Sequence[_LayerWeights], shape: _Shape) -> None:
+        self.layers = list(layers)
+        self.shape = shape
+        kernels = native.fused_kernels()
+        assert kernels is not None, "CpuLayerLoop built where the C kernels do not run"
+        self.kernels = kernels
+        self._caches: _CacheViews | None = None
+
+    @classmethod
+    def build(cls, model: LlamaStage) -> CpuLayerLoop | None:
+        """The loop for a loaded, packed stage, or None where it does not apply (then the
+        layers' modules run): decided once, after pack()."""
+        layers = list(model.llama_layers())
+        if not (
+            _enabled
+            and native.fused_kernels() is not None
+            and model.tp.size == 1
+            and model.dtype == torch.float32
+            and model.device == "cpu"
+            and layers
+        ):
+            return None
+        weights = [_weights(layer) for layer in layers]
+        if any(w is None for w in weights):
+            return None
+        first = layers[0]
+        shape = _Shape(
+            model.spec.hidden_size,
+            len(first.q_heads),
+            len(first.kv_heads),
+            model.spec.head_dim,
+            first.ffn_local,
+        )
+        return cls([w for w in weights if w is not None], shape)
+
+    def step_for(
+        self, hidden: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache
+    ) -> KernelStep | None:
+        """This step's attention-kernel state where the loop takes the step, else None."""
+        step = meta.extra.get("cpu_kernel")
+        if (
+            not isinstance(step, KernelStep)
+            or fused.kernels_for(hidden) is None  # --no-fused-ops: the modules' torch ops
+            or hidden.dtype != torch.float32
+            or kv_cache.data.dtype != torch.float32
+            or not kv_cache.data.is_contiguous()
+        ):
+            return None
+        return step
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        step: KernelStep,
+        attention: AttentionBackend,
+    ) -> torch.Tensor:
+        """hidden: [T, H] -> [T, H] after every layer, as the modules compute it. The matmul
+        kernels' time goes to the linear layers' clock and the KV write and attention kernel's
+        to a TimedAttention, as the modules' would (stage_worker/step_timer.py)."""
+        b = _StepBuffers(hidden, self.shape, cos_sin)
+        kernels, threads = self.kernels, torch.get_num_threads()
+        shape = self.shape
+        scale = shape.head_dim**-0.5
+        slots = meta.slot_mapping  # [T] int64
+        c_table, c_lens = native.capsule(step.block_table), native.capsule(step.context_lens)
+        c_scratch = native.capsule(step.scratch)
+        caches = self._cache_views(kv_cache)
+        linear_s = attention_s = 0.0
+        for w, (k_by_slot, v_by_slot, c_k_cache, c_v_cache) in zip(
+            self.layers, caches.layers, strict=True
+        ):
+            kernels.fused_rms_norm(b.c_x, w.input_norm, b.c_normed, w.eps)
+            t0 = clock()
+            kernels.sgemm_f32(b.c_normed, w.qkv, b.c_qkv, threads)
+            t1 = clock()
+            kernels.fused_rotary(b.c_qk_in, b.c_cos, b.c_sin, b.c_qk)
+            t2 = clock()
+            k_by_slot.index_copy_(0, slots, b.k)
+            v_by_slot.index_copy_(0, slots, b.v)
+            b.q.copy_(b.q_rotated)
+            kernels.paged_attention(
+                b.c_q, c_k_cache, c_v_cache, c_table, c_lens, c_scratch, b.c_attended, scale,
+                step.threads,
+            )  # fmt: skip
+            t3 = clock()
+            kernels.sgemm_f32(b.c_attended_rows, w.o_proj, b.c_out, threads)
+            t4 = clock()
+            b.x.add_(b.out)
+            kernels.fused_rms_norm(b.c_x, w.post_norm, b.c_normed, w.eps)
+            t5 = clock()
+            kernels.sgemm_f32(b.c_normed, w.gate_up, b.c_gate_up, threads)
+            t6 = clock()
+            kernels.fused_silu_mul(b.c_gate_up, b.c_act)
+            t7 = clock()
+            kernels.sgemm_f32(b.c_act, w.down, b.c_out, threads)
+            t8 = clock()
+            b.x.add_(b.out)
+            linear_s += (t1 - t0) + (t4 - t3) + (t6 - t5) + (t8 - t7)
+            attention_s += t3 - t2
+        _book(linear_s, attention_s, attention)
+        return b.x
+
+    def _cache_views(self, kv_cache: KVCache) -> _CacheViews:
+        """Views and capsules of each layer's K and V, made at the first step over this cache
+        (a worker keeps one cache for its model's life)."""
+        if self._caches is None or self._caches.cache is not kv_cache:
+            self._caches = _CacheViews(kv_cache, self.shape)
+        return self._caches
+
+
+class _CacheViews:
+    def __init__(self, kv_cache: KVCache, shape: _Shape) -> None:
+        self.cache = kv_cache
+        num_layers = kv_cache.data.shape[0]
+        # [layers, 2, blocks + 1, block_size, nkv, D] -> each layer's K or V by flat slot
+        by_slot = kv_cache.data.view(num_layers, 2, -1, shape.kv_heads, shape.head_dim)
+        self.layers: list[tuple[torch.Tensor, torch.Tensor, object, object]] = []
+        """Per layer: K and V as [slots, nkv, D] (to write), capsules of K and V as
+        [blocks + 1, block_size, nkv, D] (for the attention kernel)."""
+        for index in range(num_layers):
+            k_cache, v_cache = kv_cache.layer(index)
+            self.layers.append(
+                (by_slot[index, 0], by_slot[index, 1], native.capsule(k_cache),
+                 native.capsule(v_cache))
+            )  # fmt: skip
+
+
+def _weights(layer: LlamaLayer) -> _LayerWeights | None:
+    """The layer's weights as capsules, or None where one of its matmuls is not on the float32
+    kernel (--no-cpu-matmul-kernel, a weight it did not take)."""
+    packed = [m.f32 for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    norms = (layer.input_norm.weight.data, layer.post_norm.weight.data)
+    if any(p is None for p in packed) or not all(n.is_contiguous() for n in norms):
+        return None
+    capsule = native.capsule
+    qkv, o_proj, gate_up, down = (capsule(p.panels) for p in packed if p is not None)
+    assert layer.input_norm.eps == layer.post_norm.eps
+    return _LayerWeights(
+        capsule(norms[0]), capsule(norms[1]), qkv, o_proj, gate_up, down, layer.input_norm.eps
+    )
+
+
+def _book(linear_s: float, attention_s: float, attention: AttentionBackend) -> None:
+    """The loop's phase times where the step timer reads them (it is on where both clocks are)."""
+    if linear.CLOCK.on:
+        linear.CLOCK.seconds += linear_s
+    if isinstance(attention, TimedAttention):
+        attention.seconds += attention_s

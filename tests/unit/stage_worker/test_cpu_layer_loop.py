@@ -1,0 +1,101 @@
+"""The layer loop (stage_worker/models/llama_cpu_loop.py) takes every step of a float32 Llama
+stage on a CPU with the C kernels and computes what the layers' modules compute, bit for bit:
+the same logits at every sampled position and the same KV cache, over prompts chunked beside
+other requests' decodes; and it stands aside wherever it does not apply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from stage_worker import native
+from stage_worker.layers import cpu_matmul, fused
+from stage_worker.models import llama_cpu_loop
+from stage_worker.models.llama import LlamaStage
+from stage_worker.models.llama_cpu_loop import CpuLayerLoop
+from stage_worker.runner import StageRunner
+from tests.unit.stage_worker.inprocess import generate, make_runners
+from tests.unit.stage_worker.test_matches_transformers import make_prompts
+
+pytestmark = pytest.mark.skipif(
+    native.fused_kernels() is None, reason="the C kernels do not run here (x86-64 AVX2 + FMA)"
+)
+
+# Chunked by a budget of 32 beside the other requests' decodes: mixed steps, then decodes.
+PROMPT_LENGTHS = (37, 5, 70, 16)
+
+
+def stage_model(runner: StageRunner) -> LlamaStage:
+    assert isinstance(runner.model, LlamaStage)
+    return runner.model
+
+
+@pytest.fixture
+def loop_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The token count of every step the loop ran."""
+    calls: list[int] = []
+    forward = CpuLayerLoop.forward
+
+    def counted(self: CpuLayerLoop, hidden: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(hidden.shape[0])
+        return forward(self, hidden, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CpuLayerLoop, "forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_loop_takes_every_step_and_matches_the_modules(
+    pp: int, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
+) -> None:
+    model_dir = tiny_checkpoint("llama")
+    prompts = make_prompts(PROMPT_LENGTHS)
+    modules = make_runners(model_dir, pp, 32)
+    for runner in modules:
+        stage_model(runner).layer_loop = None
+    expected = generate(modules, prompts, max_tokens=6)
+    assert not loop_calls
+
+    looped = make_runners(model_dir, pp, 32)
+    assert all(stage_model(r).layer_loop is not None for r in looped)
+    got = generate(looped, prompts, max_tokens=6)
+
+    assert len(loop_calls) == got.num_batches * pp  # every step of every stage
+    assert max(loop_calls) > 1 and min(loop_calls) == 1  # chunks beside decodes, then decodes
+    assert got.tokens == expected.tokens
+    for seq_id, rows in expected.last_logits.items():
+        assert len(got.last_logits[seq_id]) == len(rows)
+        for want, have in zip(rows, got.last_logits[seq_id], strict=True):
+            assert torch.equal(have, want)
+    for a, b in zip(modules, looped, strict=True):
+        assert torch.equal(a.kv_cache.data, b.kv_cache.data)
+
+
+@pytest.fixture
+def switch_back() -> Iterator[None]:
+    yield
+    llama_cpu_loop.set_enabled(True)
+    cpu_matmul.set_enabled(True)
+    fused.set_enabled(True)
+
+
+@pytest.mark.usefixtures("switch_back")
+@pytest.mark.parametrize(
+    "why", ["bfloat16", "--no-cpu-layer-loop", "--no-cpu-matmul-kernel", "--no-fused-ops"]
+)
+def test_the_modules_run_where_the_loop_does_not_apply(
+    why: str, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
+) -> None:
+    dtype = torch.bfloat16 if why == "bfloat16" else torch.float32
+    llama_cpu_loop.set_enabled(why != "--no-cpu-layer-loop")
+    cpu_matmul.set_enabled(why != "--no-cpu-matmul-kernel")
+    fused.set_enabled(why != "--no-fused-ops")
+    runners = make_runners(tiny_checkpoint("llama"), 1, 32, dtype=dtype)
+    built = stage_model(runners[0]).layer_loop is not None
+    assert built == (why == "--no-fused-ops")  # that one is decided at every step
+    out = generate(runners, make_prompts((21, 3)), max_tokens=3)
+    assert not loop_calls
+    assert all(len(tokens) == 3 for tokens in out.tokens.values())
