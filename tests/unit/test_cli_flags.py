@@ -148,12 +148,13 @@ def test_every_default_is_within_its_own_flag_rule(action: argparse.Action) -> N
     if default is None:
         return
     text = ",".join(map(str, default)) if isinstance(default, tuple | list) else str(default)
-    assert action.type is not None
-    if action.nargs in ("+", "*"):
-        for item in default:
-            action.type(str(item))
+    convert = action.type
+    assert callable(convert)
+    if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
+        for item in default:  # each value given is one item (an appended flag: none)
+            convert(str(item))
     else:
-        action.type(text)
+        convert(text)
 
 
 def test_the_issue_s_example_reads_as_argparse_s_own_errors(

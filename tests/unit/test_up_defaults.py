@@ -130,3 +130,28 @@ def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
     assert up.cluster_config(parser.parse_args(["--model", str(tmp_path)]), port=0).pp == 2
+
+
+def test_worker_flags_reach_every_worker_and_only_known_ones(tmp_path: Path) -> None:
+    from stage_worker.__main__ import build_parser
+
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    up.add_cluster_flags(parser)
+    model = ["--model", str(tmp_path)]
+    assert up.cluster_config(parser.parse_args(model), port=0).extra_worker_args == ()
+    args = parser.parse_args(
+        [*model, "--worker-flag=--no-cpu-layer-loop", "--worker-flag=--no-fused-ops"]
+    )
+    assert up.cluster_config(args, port=0).extra_worker_args == (
+        "--no-cpu-layer-loop",
+        "--no-fused-ops",
+    )
+    with pytest.raises(SystemExit):  # up sets the rest itself: a second --model would fight it
+        parser.parse_args([*model, "--worker-flag=--model"])
+    # every switch passed on is one the worker takes, with its value as argparse reads it
+    worker = build_parser()
+    for flag in up.WORKER_FLAGS:
+        parsed = worker.parse_args(["--controller", "tcp://x:1", "--model", "m", flag])
+        dest = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
+        assert getattr(parsed, dest) is (not flag.startswith("--no-"))

@@ -14,7 +14,7 @@ from pathlib import Path
 from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
-from sarathictl.argtypes import comma_list, device, float_in, int_at_least, port
+from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker import native
 from stage_worker.models import DTYPES
@@ -115,6 +115,18 @@ def threads_per_worker(num_workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // num_workers)
 
 
+WORKER_FLAGS = (
+    *(
+        f"--{prefix}{name}"
+        for name in ("cpu-layer-loop", "cpu-matmul-kernel", "fused-ops", "cuda-graphs")
+        for prefix in ("", "no-")
+    ),
+    "--small-batch-kernel",
+)
+"""The stage workers' kernel switches `--worker-flag` passes on (the rest of a worker's flags
+`up` sets itself), to compare a kernel with the path it replaces on a live cluster."""
+
+
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
     positive = int_at_least(1)
@@ -169,6 +181,16 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         help="compute every prompt from its first token (default: reuse cached prefixes)",
     )
     p.add_argument("--log-dir", default="", help="where process logs go (default: a temp dir)")
+    p.add_argument(
+        "--worker-flag",
+        type=one_of("stage worker flag", WORKER_FLAGS),
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a kernel switch for every stage worker, written with `=`, e.g. "
+        "--worker-flag=--no-cpu-layer-loop (repeatable; `python -m stage_worker --help` says "
+        "what each does)",
+    )
 
 
 def cluster_config(
@@ -204,6 +226,7 @@ def cluster_config(
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,
         prefix_caching=not args.no_prefix_caching,
+        extra_worker_args=tuple(args.worker_flag),
     )
 
 
