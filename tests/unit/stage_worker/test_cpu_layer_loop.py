@@ -5,6 +5,7 @@ other requests' decodes; and it stands aside wherever it does not apply."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from stage_worker.models import llama_cpu_loop
 from stage_worker.models.llama import LlamaStage
 from stage_worker.models.llama_cpu_loop import CpuLayerLoop
 from stage_worker.runner import StageRunner
+from tests.conftest import REPO_ROOT
 from tests.unit.stage_worker.inprocess import generate, make_runners
 from tests.unit.stage_worker.test_matches_transformers import make_prompts
 
@@ -99,3 +101,22 @@ def test_the_modules_run_where_the_loop_does_not_apply(
     out = generate(runners, make_prompts((21, 3)), max_tokens=3)
     assert not loop_calls
     assert all(len(tokens) == 3 for tokens in out.tokens.values())
+
+
+def test_its_benchmark_prints_a_row_per_point(
+    tiny_checkpoint: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/bench_cpu_layer_loop.py, which BENCHMARKS.md quotes (tiny points: not a
+    measurement)."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))  # a script there, not installed
+    import bench_cpu_layer_loop
+
+    model = str(tiny_checkpoint("llama"))
+    argv = ["--model", model, "--decodes", "1,3", "--prefills", "9", "--context-tokens", "20"]
+    assert bench_cpu_layer_loop.main([*argv, "--rounds", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[:3] for row in rows[1:]] == [
+        ["| decode", "1", "yes"],
+        ["| decode", "3", "yes"],
+        ["| prefill", "9", "yes"],
+    ]
