@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 # Streams still open at shutdown get this long to end before their tasks are cancelled.
 _GRACEFUL_SHUTDOWN_S = 1
+# An idle keep-alive connection stays open this long (uvicorn's default is 5 s). A pooling client
+# that holds connections longer (aiohttp, as `vllm bench serve` sets it up: 60 s) would
+# otherwise reuse one the server has closed and get a reset: one request of a few hundred did in
+# session 16's benchmark, on a connection idle for 7 s (BENCHMARKS). 75 s, as nginx keeps them.
+_KEEP_ALIVE_S = 75
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -47,6 +52,7 @@ class HttpApiServer:
             log_config=None,  # keep the controller's logging set-up as it is
             access_log=False,
             timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+            timeout_keep_alive=_KEEP_ALIVE_S,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

@@ -6,7 +6,7 @@ Why: on a 2-core CPU a decode step's kernels are short, and what lies between th
 `perf` on a warm stage (SmolLM2-135M, float32, an AVX2 EPYC) had the main thread in Python and
 torch's dispatch for 36% of a decode step while the other core waited in OpenMP: a module call
 per layer part, a DLPack capsule per tensor per kernel call, a fresh tensor per op, views and
-splits (BENCHMARKS "A layer loop for CPU decode steps"). Here the weights' capsules are made
+splits (BENCHMARKS "A layer loop over the C kernels"). Here the weights' capsules are made
 once, at load, and a step's buffers and their capsules once for all of its layers.
 
 When: a Llama stage with TP=1 (nothing to all-reduce) in float32 on the CPU, every linear layer
@@ -57,6 +57,8 @@ class _LayerWeights:
 
 @dataclass(frozen=True)
 class _Shape:
+    """The sizes a step's buffers take, per token."""
+
     hidden: int  # H
     q_heads: int  # nq, this rank's
     kv_heads: int  # nkv, this rank's
@@ -68,7 +70,9 @@ class _StepBuffers:
     """A step's activations, each allocated once and overwritten by every layer; `x` is the
     residual stream, updated in place. The capsules are of these tensors (or views of them)."""
 
-    def __init__(self, hidden: torch.Tensor, shape: _Shape, cos_sin: tuple[torch.Tensor, ...]):
+    def __init__(
+        self, hidden: torch.Tensor, shape: _Shape, cos_sin: tuple[torch.Tensor, ...]
+    ) -> None:
         t, h, d = hidden.shape[0], shape.hidden, shape.head_dim
         nq, nkv = shape.q_heads, shape.kv_heads
         self.x = hidden.clone(memory_format=torch.contiguous_format)  # [T, H]: not the caller's
@@ -109,7 +113,7 @@ class CpuLayerLoop:
     def build(cls, model: LlamaStage) -> CpuLayerLoop | None:
         """The loop for a loaded, packed stage, or None where it does not apply (then the
         layers' modules run): decided once, after pack()."""
-        layers = list(model.llama_layers())
+        layers = model.llama_layers()
         if not (
             _enabled
             and native.fused_kernels() is not None

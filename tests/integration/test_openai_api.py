@@ -8,6 +8,7 @@ One cluster for the module (start-up costs seconds on a 2-core machine).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -114,6 +115,21 @@ def any_pp(request: pytest.FixtureRequest) -> Served:
 def test_health_and_models(served: Served) -> None:
     assert httpx.get(f"http://127.0.0.1:{served.cluster.http_port}/health").status_code == 200
     assert [m.id for m in served.client.models.list().data] == [served.model]
+
+
+def test_an_idle_connection_outlives_a_pooling_client_s_pause(served: Served) -> None:
+    """A client that pools connections (aiohttp keeps them 60 s in `vllm bench serve`) sends
+    its next request on the connection it last used, however long it was idle: the server must
+    not have closed it after uvicorn's default 5 s."""
+    conn = http.client.HTTPConnection("127.0.0.1", served.cluster.http_port, timeout=30)
+    try:
+        for pause_s in (0.0, 6.0):
+            time.sleep(pause_s)
+            conn.request("GET", "/health")  # on the same socket: http.client reopens none
+            response = conn.getresponse()  # RemoteDisconnected where the server closed it
+            assert (response.status, response.read()) == (200, b'{"status":"ok"}')
+    finally:
+        conn.close()
 
 
 def test_chat_streamed_equals_non_streamed_equals_grpc_with_usage(served: Served) -> None:
