@@ -124,6 +124,7 @@ class LlamaStage(StageModel):
         return LlamaLayer(self.spec, self.shard, self.tp, self.device, self.dtype)
 
     def llama_layers(self) -> list[LlamaLayer]:
+        """The layers, typed as what make_layer() builds."""
         return [layer for layer in self.layers if isinstance(layer, LlamaLayer)]
 
     def pack(self) -> None:
