@@ -105,3 +105,26 @@ def test_switched_off_the_layers_keep_f_linear() -> None:
         assert layer.f32 is None and layer.weight.shape == (32, 8)
     finally:
         cpu_matmul.set_enabled(True)
+
+
+def test_its_benchmark_times_another_build_beside_this_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """tools/bench_cpu_matmul.py --baseline, which BENCHMARKS.md quotes: this build against
+    itself here (tiny points: not a measurement), each point checked for equal outputs."""
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    sys.path.insert(0, str(REPO_ROOT / "tools"))  # a script there, not installed
+    import bench_cpu_matmul
+
+    so = native.module().__file__
+    assert so is not None
+    argv = ["--tokens", "1,7", "--layers", "1", "--rounds", "1", "--baseline", so, "--no-torch"]
+    assert bench_cpu_matmul.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert "baseline build ms" in rows[0] and rows[0].endswith("| baseline / kernel |")
+    assert "MKL" not in rows[0]  # --no-torch
+    assert [row.split(" | ")[0] for row in rows[2:]] == ["| 1", "| 7"]
+    assert all(row.endswith("x |") for row in rows[2:])
