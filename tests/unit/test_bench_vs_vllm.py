@@ -308,3 +308,48 @@ def test_each_rate_sends_prompts_of_its_own_the_same_to_both_systems() -> None:
     seeds = [run_seed(args, rate) for rate in args.rate_list]
     assert len(set(seeds)) == 3
     assert client_env(seeds[0])["PYTHONHASHSEED"] != client_env(seeds[1])["PYTHONHASHSEED"]
+
+
+def test_a_run_without_vllm_needs_fixed_slos_before_any_server_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its report comes after every run: without vLLM's runs it had no SLO, and a pipelines-only
+    run of 20 minutes ended with no report and no summary."""
+    from bench_vs_vllm.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--systems", "vllm-pp2,sarathi-pp2"])
+    assert "--tbt-slo-ms" in capsys.readouterr().err
+    assert parse_args(["--systems", "vllm-pp2,sarathi-pp2", "--tbt-slo-ms", "379"]).tbt_slo_ms
+    assert parse_args(["--systems", "sarathi", "--report-only"]).report_only
+    assert parse_args(["--systems", "vllm,sarathi-pp2"]).system_list == ["vllm", "sarathi-pp2"]
+
+
+def test_runs_without_a_summary_report_again_with_their_own_date(tmp_path: Path) -> None:
+    from bench_vs_vllm.__main__ import meta_of_saved_runs, parse_args
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name, date in (("vllm-pp2", "20261127-052804"), ("sarathi-pp2", "20261127-053745")):
+        run = {**SAVED, "date": date}
+        (raw / f"{name}_random-384-96_0.25qps.json").write_text(json.dumps(run))
+    args = parse_args(["--results", str(tmp_path), "--report-only", "--dtype", "float32"])
+    meta = meta_of_saved_runs(args)
+    assert meta["date"] == "2026-11-27 05:28, the first run's"
+    assert meta["dtype"] == "float32" and meta["load_before"] == "n/a"
+    assert "wall_s" not in meta  # not known: the header says "not recorded"
+
+
+def test_the_report_names_the_cpu_generation_not_only_its_brand() -> None:
+    """Two EPYC generations both read "AMD EPYC" in a virtual machine."""
+    from bench_vs_vllm.__main__ import cpu_description
+
+    zen1 = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu sse avx fma avx2 bmi2\n\n"
+        "processor\t: 1\ncpu family\t: 99\nmodel name\t: other\n"
+    )
+    assert cpu_description(zen1) == "AMD EPYC (family 23, model 1; avx2 fma)"
+    xeon = "model name\t: Intel Xeon\nflags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16\n"
+    assert cpu_description(xeon) == "Intel Xeon (avx2 fma avx512f avx512_bf16 amx_bf16)"
+    assert cpu_description("") == "unknown CPU (none of avx2 fma avx512f avx512_bf16 amx_bf16)"

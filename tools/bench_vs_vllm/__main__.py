@@ -148,6 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rate_list = parse_rates(args.rates)
     args.system_list = _names(args.systems, SYSTEMS, "--systems")
+    if not (args.tbt_slo_ms or args.report_only or "vllm" in args.system_list):
+        # Refused before any server starts: the report, written after every run, would have
+        # no SLO to apply and the runs would be left without one.
+        p.error("--systems without vllm needs --tbt-slo-ms: the SLOs derive from vLLM's runs")
     args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
     args.dtype = native_dtype() if args.dtype == "auto" else args.dtype
     return args
@@ -329,15 +333,33 @@ def _slo_name(index: int) -> str:
 
 
 def machine() -> str:
-    model = "unknown CPU"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_description(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+        cpu = "unknown CPU"
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+"""The CPU flags that decide which kernels and dtype both engines run."""
+
+
+def cpu_description(cpuinfo: str) -> str:
+    """The first CPU's model name, family and model, and which of KERNEL_FLAGS it has: a
+    virtual machine may name two generations alike ("AMD EPYC"), and their figures must never
+    be compared."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first CPU's block ends
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    has = [f for f in KERNEL_FLAGS if f in flags] or ["none of " + " ".join(KERNEL_FLAGS)]
+    family = ""
+    if "cpu family" in fields and "model" in fields:
+        family = f"family {fields['cpu family']}, model {fields['model']}; "
+    return f"{fields.get('model name', 'unknown CPU')} ({family}{' '.join(has)})"
 
 
 def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, object]) -> Path:
@@ -359,7 +381,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         f"{meta['load_after']}. vLLM {meta['vllm_version']}; {args.num_prompts} requests per "
         f"rate; both in {meta.get('dtype', 'bfloat16')}, prefix caching "
         f"{'on' if meta.get('prefix_caching', False) else 'off'}; wall time "
-        f"{meta['wall_s']:.0f} s.\n\n"
+        f"{_wall_time(meta)}.\n\n"
         + markdown_table(rows)
         + "\n\nCapacity: the highest rate with P99 TBT (ITL) within the SLO and median TTFT "
         f"within {MAX_MEDIAN_TTFT_S:g} s, every lower rate passing too. SLOs: "
@@ -413,16 +435,59 @@ def saved_rows(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def _wall_time(meta: dict[str, object]) -> str:
+    wall_s = meta.get("wall_s")
+    return f"{wall_s:.0f} s" if isinstance(wall_s, (int, float)) else "not recorded"
+
+
+def meta_of_saved_runs(args: argparse.Namespace) -> dict[str, object]:
+    """The report's header where the folder has runs but no summary (a run that stopped before
+    its report): what the saved runs and this machine tell, the rest marked unknown."""
+    dates = sorted(
+        str(json.loads(path.read_text()).get("date", ""))
+        for path in (args.results / "raw").glob("*_*_*qps.json")
+    )
+    first = dates[0] if dates else ""
+    date = (
+        time.strftime("%Y-%m-%d %H:%M", time.strptime(first, "%Y%m%d-%H%M%S"))
+        if len(first) == 15
+        else "unknown"
+    )
+    return {
+        "date": f"{date}, the first run's",
+        "machine": machine(),
+        "load_before": "n/a",
+        "load_after": "n/a",
+        "vllm_version": vllm_version(),
+        "num_prompts": args.num_prompts,
+        "dtype": args.dtype,
+        "prefix_caching": not args.no_prefix_caching,
+    }
+
+
+def vllm_version() -> str:
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # run outside install_vllm.sh's venv
+        return "not installed here"
+
+
 def report_again(args: argparse.Namespace) -> int:
-    """Rewrites the report from the saved runs and the metadata of the last run."""
-    summary_path = args.results / "summary.json"
-    if not summary_path.is_file():
-        say(f"no {summary_path}: nothing to report again")
+    """Rewrites the report from the saved runs and the metadata of the last run (or, without
+    a summary, what the runs themselves tell)."""
+    rows = saved_rows(args)
+    if not rows:
+        say(f"no runs in {args.results / 'raw'}: nothing to report")
         return 2
-    meta = json.loads(summary_path.read_text())
-    for key in ("rows", "slo_ms", "capacity_req_s"):
-        meta.pop(key, None)
-    report = write_report(args, saved_rows(args), meta)
+    summary_path = args.results / "summary.json"
+    if summary_path.is_file():
+        meta = json.loads(summary_path.read_text())
+        for key in ("rows", "slo_ms", "capacity_req_s"):
+            meta.pop(key, None)
+    else:
+        say(f"no {summary_path}: the header from the saved runs")
+        meta = meta_of_saved_runs(args)
+    report = write_report(args, rows, meta)
     print(report.read_text(), flush=True)
     return 0
 
@@ -451,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": machine(),
         "load_before": f"{os.getloadavg()[0]:.2f}",
-        "vllm_version": metadata.version("vllm"),
+        "vllm_version": vllm_version(),
         "model": str(args.model),
         "rates": [rate_flag(r) for r in args.rate_list],
         "num_prompts": args.num_prompts,
