@@ -112,7 +112,11 @@ def test_scenarios_come_from_the_flags_and_bad_ones_are_named() -> None:
     )  # fmt: skip
     scenarios = scenarios_of(args)
     assert [s.label for s in scenarios] == ["batch 1", "batch 8", "mixed 4 + 256-token prompts"]
-    assert scenarios[-1].prefill_streams == 2 and scenarios[0].max_tokens == 40
+    assert scenarios[-1].prefill_streams == 2
+    # batch 1 of 16 tokens at budget 64: one micro-batch's head start, then 4 + 32 + the tail
+    assert scenarios[0].max_tokens_at(64) == 2 + 40
+    # 8 prompts of 16 tokens, 56 prompt tokens a micro-batch: 3 + 8 micro-batches ahead
+    assert scenarios[1].max_tokens_at(64) == 11 + 40
     with pytest.raises(ValueError, match="window_tokens=0"):
         Scenario("x", 1, 16, 4, 0)
     args.batches, args.mixed_decodes = (), 0

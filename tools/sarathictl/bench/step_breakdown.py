@@ -83,7 +83,9 @@ def cluster_for(args: argparse.Namespace, scenarios: list[Scenario]) -> LocalClu
     return config
 
 
-async def measure(addr: str, scenarios: list[Scenario], seed: int) -> list[ScenarioBreakdown]:
+async def measure(
+    addr: str, scenarios: list[Scenario], seed: int, budget_tokens: int
+) -> list[ScenarioBreakdown]:
     rng = np.random.default_rng(seed)
     results = []
     async with grpc.aio.insecure_channel(addr) as channel:
@@ -93,7 +95,7 @@ async def measure(addr: str, scenarios: list[Scenario], seed: int) -> list[Scena
         await until_idle(stub)
         for scenario in scenarios:
             started = time.perf_counter()
-            readings = await run_scenario(stub, scenario, rng)
+            readings = await run_scenario(stub, scenario, rng, budget_tokens)
             await until_idle(stub)
             result = scenario_breakdown(
                 scenario.label,
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with LocalCluster(config) as cluster:
         say(f"[step-breakdown] serving after {time.perf_counter() - started:.1f} s")
-        results = asyncio.run(measure(cluster.addr, scenarios, args.seed))
+        results = asyncio.run(measure(cluster.addr, scenarios, args.seed, config.budget_tokens))
     setup = {
         "model": config.model_dir,
         "pp": config.pp,
