@@ -1,4 +1,4 @@
-/* Vector math shared by the AVX2 kernels (paged_attention_avx2.c, fused_ops_f32.c). Include it
+/* Vector math shared by the AVX2 kernels (attention, fused_ops_f32.c, sgemm_f32.c). Include it
  * only between SARATHI_AVX2_BEGIN and SARATHI_AVX2_END (kernels.h), so that these inline
  * functions are compiled for AVX2 with FMA like their callers. */
 #ifndef SARATHI_AVX2_MATH_H
@@ -30,6 +30,17 @@ static inline __m256 exp256(__m256 x) {
     __m256i bits = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* silu(g) * up for 8 gates: g * sigmoid(g), sigmoid from e = exp(-|g|) so exp never overflows:
+ * 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static inline __m256 silu_times(__m256 g, __m256 up) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp256(_mm256_or_ps(g, _mm256_set1_ps(-0.0f))); /* e^-|g| */
+    const __m256 nonnegative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);
+    const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(e, one, nonnegative),
+                                         _mm256_add_ps(one, e));
+    return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), up);
 }
 
 #endif

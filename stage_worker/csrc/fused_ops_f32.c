@@ -77,17 +77,6 @@ void fused_rotary_f32(const float *x, int64_t tokens, int64_t heads, int64_t hea
     }
 }
 
-/* silu(g) * up for 8 gates: g * sigmoid(g), sigmoid from e = exp(-|g|) so exp never overflows:
- * 1 / (1 + e) for g >= 0, e / (1 + e) below. */
-static inline __m256 silu_times(__m256 g, __m256 up) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 e = exp256(_mm256_or_ps(g, _mm256_set1_ps(-0.0f))); /* e^-|g| */
-    const __m256 nonnegative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);
-    const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(e, one, nonnegative),
-                                         _mm256_add_ps(one, e));
-    return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), up);
-}
-
 void fused_silu_mul_f32(const float *x, int64_t rows, int64_t ld_x, int64_t width, float *out) {
     for (int64_t row = 0; row < rows; ++row) {
         const float *gate = x + row * ld_x, *up = gate + width;

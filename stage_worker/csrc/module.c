@@ -387,27 +387,61 @@ static PyObject *py_sgemm_f32_pack(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The operands of a float32 matmul call, checked: x [m, k] (rows may be strided), out [m, n],
+ * both float32, num_threads >= 1. Returns -1 with the exception set. */
+static int matmul_operands(PyObject *x_obj, PyObject *packed_obj, PyObject *y_obj,
+                           int num_threads, view_t *x, int64_t *x_strides, view_t *packed,
+                           view_t *y) {
+    if (strided_view(x_obj, "x", 2, x, x_strides) || view(packed_obj, "packed", 3, 1, packed) ||
+        view(y_obj, "out", 2, 1, y))
+        return -1;
+    if (x->is_bf16 || y->is_bf16) return fail("x", "x and out must be float32"), -1;
+    if (y->shape[0] != x->shape[0]) return fail("out", "must have x's rows"), -1;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), -1;
+    return 0;
+}
+
 static PyObject *py_sgemm_f32(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *x_obj, *packed_obj, *y_obj;
-    int num_threads;
-    if (!PyArg_ParseTuple(args, "OOOi:sgemm_f32", &x_obj, &packed_obj, &y_obj, &num_threads))
+    int num_threads, accumulate = 0;
+    if (!PyArg_ParseTuple(args, "OOOi|p:sgemm_f32", &x_obj, &packed_obj, &y_obj, &num_threads,
+                          &accumulate))
         return NULL;
     view_t x, packed, y;
     int64_t x_strides[2];
-    if (strided_view(x_obj, "x", 2, &x, x_strides) ||
-        view(packed_obj, "packed", 3, 1, &packed) || view(y_obj, "out", 2, 1, &y))
+    if (matmul_operands(x_obj, packed_obj, y_obj, num_threads, &x, x_strides, &packed, &y))
         return NULL;
-    if (x.is_bf16 || y.is_bf16) return fail("x", "x and out must be float32"), NULL;
     const int64_t m = x.shape[0], k = x.shape[1], n = y.shape[1];
-    if (y.shape[0] != m) return fail("out", "must have x's rows"), NULL;
-    if (check_packed(&packed, n, k)) return NULL;
-    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
-    if (refuse_fused_on_this_cpu()) return NULL;
+    if (check_packed(&packed, n, k) || refuse_fused_on_this_cpu()) return NULL;
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
     sgemm_f32((const float *)x.data, m, x_strides[0], (const float *)packed.data, n, k,
-              (float *)y.data, n, num_threads);
+              (float *)y.data, n, accumulate, num_threads);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sgemm_f32_silu_mul(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *packed_obj, *act_obj;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOi:sgemm_f32_silu_mul", &x_obj, &packed_obj, &act_obj,
+                          &num_threads))
+        return NULL;
+    view_t x, packed, act;
+    int64_t x_strides[2];
+    if (matmul_operands(x_obj, packed_obj, act_obj, num_threads, &x, x_strides, &packed, &act))
+        return NULL;
+    const int64_t m = x.shape[0], k = x.shape[1], f = act.shape[1];
+    if (f % SARATHI_SGEMM_PANEL != 0)
+        return fail("out", "columns (F) must be a multiple of the panel, 16"), NULL;
+    if (check_packed(&packed, 2 * f, k) || refuse_fused_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    sgemm_f32_silu_mul((const float *)x.data, m, x_strides[0], (const float *)packed.data, f, k,
+                       (float *)act.data, f, num_threads);
     Py_END_ALLOW_THREADS;
 #endif
     Py_RETURN_NONE;
@@ -465,8 +499,13 @@ static PyMethodDef methods[] = {
      "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] and packed "
      "[ceil(n / 16), k, 16], float32 and contiguous; packed is written (zero-padded)."},
     {"sgemm_f32", py_sgemm_f32, METH_VARARGS,
-     "sgemm_f32(x, packed, out, num_threads): x [m, k] (rows may be strided), packed from "
-     "sgemm_f32_pack, out [m, n], all float32; out = x @ weight.T."},
+     "sgemm_f32(x, packed, out, num_threads, accumulate=False): x [m, k] (rows may be "
+     "strided), packed from sgemm_f32_pack, out [m, n], all float32; out = x @ weight.T, or "
+     "with accumulate out += x @ weight.T (out must not overlap x)."},
+    {"sgemm_f32_silu_mul", py_sgemm_f32_silu_mul, METH_VARARGS,
+     "sgemm_f32_silu_mul(x, packed, out, num_threads): packed from sgemm_f32_pack of a [2F, k] "
+     "gate_up weight (F a multiple of 16), out [m, F]: out = silu(x @ gate.T) * (x @ up.T), "
+     "equal to sgemm_f32 then fused_silu_mul."},
     {"fused_supported", py_fused_supported, METH_NOARGS,
      "Whether this CPU runs the fused ops and the float32 matmul (AVX2 and FMA on x86-64)."},
     {"cpu_supported", py_cpu_supported, METH_NOARGS,

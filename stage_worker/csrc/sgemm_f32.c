@@ -17,7 +17,7 @@
  * - Order. Panels outermost, each tile of tokens inside: a panel (k x 64 bytes, 36-98 KB for
  *   the demo model) is read from memory once and stays in L2 for every tile after the first.
  *   Threads take disjoint runs of panels (OpenMP, torch's own pool), so they never share an
- *   output.
+ *   output; one that finishes its run first takes the last panels of the others' (sgemm_f32).
  * - Prefetch. A step of one tile a panel (1 to 6 tokens) streams each panel, prefetched a little
  *   ahead of its loads. With several tiles a panel, each tile prefetches its share of the next
  *   panel, spread over its steps of k, so the memory streams all the while the tiles compute
@@ -37,9 +37,18 @@
 
 #if SARATHI_HAVE_X86_KERNELS
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+static inline int omp_thread(void) { return omp_get_thread_num(); }
+#else
+static inline int omp_thread(void) { return 0; }
+#endif
+
 SARATHI_AVX2_BEGIN
+#include "avx2_math.h"
 
 #define PANEL SARATHI_SGEMM_PANEL /* outputs per panel: two 8-float vectors */
 /* The panel is prefetched this far ahead of the loads (1 KB, 16 lines): one token read the
@@ -60,11 +69,12 @@ typedef struct {
 } prefetch_t;
 
 /* Tile: `rows` tokens (a constant after inlining) of x against one panel of k x PANEL weights;
- * y gets the first `cols` (1 to PANEL) outputs of each token. `spread` is a constant too, so
+ * y gets the first `cols` (1 to PANEL) outputs of each token, or with `add` has them added (a
+ * residual stream: y + out, the sum torch's y.add_(out) makes). `spread` is a constant too, so
  * the common tile keeps its plain prefetch address. */
 static inline __attribute__((always_inline)) void
 tile(const float *x, int64_t ldx, int rows, const float *panel, prefetch_t pf, int spread,
-     int64_t k, float *y, int64_t ldy, int cols) {
+     int64_t k, float *y, int64_t ldy, int cols, int add) {
     __m256 lo[ROWS], hi[ROWS];
     UNROLLED
     for (int r = 0; r < rows; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
@@ -83,6 +93,10 @@ tile(const float *x, int64_t ldx, int rows, const float *panel, prefetch_t pf, i
     if (cols == PANEL) {
         UNROLLED
         for (int r = 0; r < rows; ++r) {
+            if (add) {
+                lo[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy), lo[r]);
+                hi[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy + 8), hi[r]);
+            }
             _mm256_storeu_ps(y + r * ldy, lo[r]);
             _mm256_storeu_ps(y + r * ldy + 8, hi[r]);
         }
@@ -94,21 +108,27 @@ tile(const float *x, int64_t ldx, int rows, const float *panel, prefetch_t pf, i
         _mm256_storeu_ps(out[r], lo[r]);
         _mm256_storeu_ps(out[r] + 8, hi[r]);
     }
-    for (int r = 0; r < rows; ++r) memcpy(y + r * ldy, out[r], (size_t)cols * sizeof(float));
+    for (int r = 0; r < rows; ++r) {
+        if (!add) {
+            memcpy(y + r * ldy, out[r], (size_t)cols * sizeof(float));
+            continue;
+        }
+        for (int c = 0; c < cols; ++c) y[r * ldy + c] += out[r][c];
+    }
 }
 
 /* The tile for 1 to ROWS tokens, each count compiled with its own register allocation. */
-#define TILE_CASES(spread)                                                                     \
-    switch (rows) {                                                                            \
-    case 1: tile(x, ldx, 1, panel, pf, spread, k, y, ldy, cols); break;                        \
-    case 2: tile(x, ldx, 2, panel, pf, spread, k, y, ldy, cols); break;                        \
-    case 3: tile(x, ldx, 3, panel, pf, spread, k, y, ldy, cols); break;                        \
-    case 4: tile(x, ldx, 4, panel, pf, spread, k, y, ldy, cols); break;                        \
-    case 5: tile(x, ldx, 5, panel, pf, spread, k, y, ldy, cols); break;                        \
-    default: tile(x, ldx, ROWS, panel, pf, spread, k, y, ldy, cols); break;                    \
+#define TILE_CASES(spread)                                                                         \
+    switch (rows) {                                                                                \
+    case 1: tile(x, ldx, 1, panel, pf, spread, k, y, ldy, cols, add); break;                       \
+    case 2: tile(x, ldx, 2, panel, pf, spread, k, y, ldy, cols, add); break;                       \
+    case 3: tile(x, ldx, 3, panel, pf, spread, k, y, ldy, cols, add); break;                       \
+    case 4: tile(x, ldx, 4, panel, pf, spread, k, y, ldy, cols, add); break;                       \
+    case 5: tile(x, ldx, 5, panel, pf, spread, k, y, ldy, cols, add); break;                       \
+    default: tile(x, ldx, ROWS, panel, pf, spread, k, y, ldy, cols, add); break;                   \
     }
 static void tile_of(const float *x, int64_t ldx, int rows, const float *panel, prefetch_t pf,
-                    int64_t k, float *y, int64_t ldy, int cols) {
+                    int64_t k, float *y, int64_t ldy, int cols, int add) {
     if (pf.lines_q16) {
         TILE_CASES(1)
     } else {
@@ -142,27 +162,139 @@ void sgemm_f32_pack(const float *w, int64_t n, int64_t k, float *packed) {
     }
 }
 
-void sgemm_f32(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t n,
-               int64_t k, float *y, int64_t ldy, int num_threads) {
-    const int64_t panels = (n + PANEL - 1) / PANEL;
-    /* The tokens split into as few tiles as hold them, of sizes within one of each other:
-     * 8 tokens as 4 + 4 rather than 6 + 2, whose 2-token tile would pay a full pass over the
-     * panel for a third of the work. */
-    const int64_t tiles = (m + ROWS - 1) / ROWS;
-    const int64_t base = tiles ? m / tiles : 0, extra = tiles ? m % tiles : 0;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (num_threads > 1)
-    for (int64_t p = 0; p < panels; ++p) {
-        const float *panel = packed + p * k * PANEL;
-        const float *next = p + 1 < panels ? panel + k * PANEL : NULL;
-        const int64_t first = p * PANEL;
-        const int cols = (int)(n - first < PANEL ? n - first : PANEL);
-        for (int64_t t = 0, tile_index = 0; t < m; ++tile_index) {
-            const int rows = (int)(base + (tile_index < extra));
-            tile_of(x + t * ldx, ldx, rows, panel, prefetch_for(panel, next, k, tile_index, tiles),
-                    k, y + t * ldy + first, ldy, cols);
-            t += rows;
+/* A matmul's operands, for the work on one panel (or pair of panels) at a time. */
+typedef struct {
+    const float *x;
+    int64_t m, ldx;
+    const float *packed;
+    int64_t n, k; /* n: outputs of the packed weight (2F for the SiLU pair) */
+    float *y;
+    int64_t ldy;
+    int add; /* y += the product (sgemm_f32's accumulate) */
+} operands_t;
+
+/* The tokens split into as few tiles as hold them, of sizes within one of each other: 8 tokens
+ * as 4 + 4 rather than 6 + 2, whose 2-token tile would pay a full pass over the panel for a
+ * third of the work. Tile `index` has tile_rows(...) rows. */
+static inline int tile_rows(int64_t m, int64_t tiles, int64_t index) {
+    return (int)(m / tiles + (index < m % tiles));
+}
+
+/* Panel `p` for every tile of the m tokens; `next` is the panel this thread will most likely
+ * take after it (-1: none known), whose lines the tiles of a step of 7 to 18 tokens prefetch. */
+static void panel_work(const operands_t *o, int64_t p, int64_t next) {
+    const int64_t tiles = (o->m + ROWS - 1) / ROWS, first = p * PANEL;
+    const float *panel = o->packed + p * o->k * PANEL;
+    const float *after = next < 0 ? NULL : o->packed + next * o->k * PANEL;
+    const int cols = (int)(o->n - first < PANEL ? o->n - first : PANEL);
+    for (int64_t t = 0, index = 0; t < o->m; ++index) {
+        const int rows = tile_rows(o->m, tiles, index);
+        tile_of(o->x + t * o->ldx, o->ldx, rows, panel,
+                prefetch_for(panel, after, o->k, index, tiles), o->k, o->y + t * o->ldy + first,
+                o->ldy, cols, o->add);
+        t += rows;
+    }
+}
+
+/* Gate panel p and up panel p + F / PANEL for every tile, then y's 16 columns from p * PANEL on
+ * = silu(gate) * up (o->n = 2F). Each tile's two products wait in L1 for the SiLU. */
+static void silu_pair_work(const operands_t *o, int64_t p, int64_t next) {
+    const int64_t half = o->n / 2 / PANEL, tiles = (o->m + ROWS - 1) / ROWS;
+    const float *gate = o->packed + p * o->k * PANEL, *up = gate + half * o->k * PANEL;
+    const float *gate_after = next < 0 ? NULL : o->packed + next * o->k * PANEL;
+    const float *up_after = next < 0 ? NULL : gate_after + half * o->k * PANEL;
+    float g[ROWS][PANEL], u[ROWS][PANEL];
+    for (int64_t t = 0, index = 0; t < o->m; ++index) {
+        const int rows = tile_rows(o->m, tiles, index);
+        const float *x = o->x + t * o->ldx;
+        tile_of(x, o->ldx, rows, gate, prefetch_for(gate, gate_after, o->k, index, tiles), o->k,
+                g[0], PANEL, PANEL, 0);
+        tile_of(x, o->ldx, rows, up, prefetch_for(up, up_after, o->k, index, tiles), o->k, u[0],
+                PANEL, PANEL, 0);
+        for (int r = 0; r < rows; ++r) {
+            float *dst = o->y + (t + r) * o->ldy + p * PANEL;
+            for (int c = 0; c < PANEL; c += 8)
+                _mm256_storeu_ps(dst + c, silu_times(_mm256_loadu_ps(g[r] + c),
+                                                     _mm256_loadu_ps(u[r] + c)));
+        }
+        t += rows;
+    }
+}
+
+/* One thread's share of the work, taken from both ends: its owner from the front, any thread
+ * that has run out of its own from the back. `taken` counts the front's claims in its low 32
+ * bits and the back's in its high 32; a claim is good while the two sum to under `count`. A
+ * cache line each, so that claims on two shares never contend. */
+typedef struct {
+    int64_t first, count;
+    uint64_t taken;
+    char pad[64 - 2 * sizeof(int64_t) - sizeof(uint64_t)];
+} share_t;
+
+#define FRONT 1ull
+#define BACK (1ull << 32)
+
+/* The index within the share that a claim from `end` (FRONT or BACK) got, or -1: none left. */
+static int64_t claim(share_t *share, uint64_t end) {
+    const uint64_t before = __atomic_fetch_add(&share->taken, end, __ATOMIC_RELAXED);
+    const int64_t front = (int64_t)(before & 0xffffffffu), back = (int64_t)(before >> 32);
+    if (front + back >= share->count) return -1;
+    return end == FRONT ? front : share->count - 1 - back;
+}
+
+/* work(o, unit, next) for every unit < units on num_threads threads (OpenMP, torch's pool).
+ *
+ * Why not OpenMP's static schedule (fixed halves): on a CPU of two cores, anything else that
+ * runs during a step (the controller, the client, the worker's own I/O thread) preempts one of
+ * the two, and with fixed halves the other then waits at the end of every matmul. Here each
+ * thread still reads its own run of panels front to back, in address order, with the next one
+ * known for the prefetch; only the last few go to whichever thread is free (BENCHMARKS "Matmul
+ * panels taken from both ends"). */
+static void for_each_unit(int64_t units, int num_threads, const operands_t *o,
+                          void (*work)(const operands_t *, int64_t, int64_t)) {
+    const int threads = num_threads < 1 ? 1 : num_threads;
+    share_t shares[threads];
+    for (int t = 0; t < threads; ++t) {
+        shares[t].first = units * t / threads;
+        shares[t].count = units * (t + 1) / threads - shares[t].first;
+        shares[t].taken = 0;
+    }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        /* A team smaller than asked for leaves some shares ownerless: the others take their
+         * units from the back. */
+        share_t *own = &shares[omp_thread()];
+        for (int64_t i = claim(own, FRONT); i >= 0; i = claim(own, FRONT)) {
+            const uint64_t taken = __atomic_load_n(&own->taken, __ATOMIC_RELAXED);
+            const int known = i + 1 + (int64_t)(taken >> 32) < own->count;
+            work(o, own->first + i, known ? own->first + i + 1 : -1);
+        }
+        for (int step = 1; step < threads; ++step) {
+            share_t *other = &shares[(omp_thread() + step) % threads];
+            for (int64_t i = claim(other, BACK); i >= 0; i = claim(other, BACK))
+                work(o, other->first + i, -1);
         }
     }
+}
+
+void sgemm_f32(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t n,
+               int64_t k, float *y, int64_t ldy, int accumulate, int num_threads) {
+    if (m == 0) return;
+    const operands_t o = {x, m, ldx, packed, n, k, y, ldy, accumulate};
+    for_each_unit((n + PANEL - 1) / PANEL, num_threads, &o, panel_work);
+}
+
+/* Why fused: the SiLU pass over the gate_up product ran on one thread, from memory, after the
+ * matmul: 154 of a layer's 327 us of elementwise work at 64 tokens on the Zen 1 EPYC, its
+ * exponentials and divisions on 128-bit units (BENCHMARKS "SiLU in the gate_up matmul"). Here
+ * it runs on every thread, on products still in L1, and the [m, 2F] product is never written.
+ * The outputs are those of sgemm_f32 then fused_silu_mul_f32 to the bit (same sums, same
+ * silu_times). */
+void sgemm_f32_silu_mul(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t f,
+                        int64_t k, float *act, int64_t ld_act, int num_threads) {
+    if (m == 0) return;
+    const operands_t o = {x, m, ldx, packed, 2 * f, k, act, ld_act, 0};
+    for_each_unit(f / PANEL, num_threads, &o, silu_pair_work);
 }
 
 SARATHI_AVX2_END

@@ -27,7 +27,7 @@ from stage_worker import native
 from stage_worker.attention import AttentionBackend, AttentionMetadata
 from stage_worker.attention.torch_backend import KernelStep
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import fused, linear
+from stage_worker.layers import cpu_matmul, fused, linear
 from stage_worker.step_timer import TimedAttention, clock
 
 if TYPE_CHECKING:
@@ -68,10 +68,15 @@ class _Shape:
 
 class _StepBuffers:
     """A step's activations, each allocated once and overwritten by every layer; `x` is the
-    residual stream, updated in place. The capsules are of these tensors (or views of them)."""
+    residual stream, updated in place (o_proj and down add their products to it in the matmul
+    kernel). The capsules are of these tensors (or views of them)."""
 
     def __init__(
-        self, hidden: torch.Tensor, shape: _Shape, cos_sin: tuple[torch.Tensor, ...]
+        self,
+        hidden: torch.Tensor,
+        shape: _Shape,
+        cos_sin: tuple[torch.Tensor, ...],
+        silu_in_matmul: bool,
     ) -> None:
         t, h, d = hidden.shape[0], shape.hidden, shape.head_dim
         nq, nkv = shape.q_heads, shape.kv_heads
@@ -84,8 +89,8 @@ class _StepBuffers:
         self.q_rotated = qk[:, :nq]  # [T, nq, D], strided
         self.q = torch.empty(t, nq, d)  # the same, contiguous, as the attention kernel reads it
         attended = torch.empty(t, nq, d)
-        self.out = torch.empty(t, h)  # a sub-layer's output, before it joins the stream
-        gate_up = torch.empty(t, 2 * shape.ffn)
+        # [T, 2F]: the gate_up product, where SiLU is a pass of its own
+        gate_up = None if silu_in_matmul else torch.empty(t, 2 * shape.ffn)
         act = torch.empty(t, shape.ffn)
         cos, sin = cos_sin  # [T, 1, D] each
         capsule = native.capsule
@@ -95,7 +100,8 @@ class _StepBuffers:
         self.c_cos, self.c_sin = capsule(cos.flatten(1)), capsule(sin.flatten(1))
         self.c_attended = capsule(attended)  # as the attention kernel writes it
         self.c_attended_rows = capsule(attended.view(t, nq * d))  # as o_proj reads it
-        self.c_out, self.c_gate_up, self.c_act = capsule(self.out), capsule(gate_up), capsule(act)
+        self.c_act = capsule(act)
+        self.c_gate_up = None if gate_up is None else capsule(gate_up)
 
 
 class CpuLayerLoop:
@@ -107,6 +113,9 @@ class CpuLayerLoop:
         kernels = native.fused_kernels()
         assert kernels is not None, "CpuLayerLoop built where the C kernels do not run"
         self.kernels = kernels
+        # The gate_up matmul applies SiLU itself (sgemm_f32_silu_mul) where F fills whole
+        # panels of 16 outputs; its time then counts as the linear layers'.
+        self.silu_in_matmul = shape.ffn % cpu_matmul.PANEL == 0
         self._caches: _CacheViews | None = None
 
     @classmethod
@@ -163,7 +172,7 @@ class CpuLayerLoop:
         """hidden: [T, H] -> [T, H] after every layer, as the modules compute it. The matmul
         kernels' time goes to the linear layers' clock and the KV write and attention kernel's
         to a TimedAttention, as the modules' would (stage_worker/step_timer.py)."""
-        b = _StepBuffers(hidden, self.shape, cos_sin)
+        b = _StepBuffers(hidden, self.shape, cos_sin, self.silu_in_matmul)
         kernels, threads = self.kernels, torch.get_num_threads()
         shape = self.shape
         scale = shape.head_dim**-0.5
@@ -189,18 +198,20 @@ class CpuLayerLoop:
                 step.threads,
             )  # fmt: skip
             t3 = clock()
-            kernels.sgemm_f32(b.c_attended_rows, w.o_proj, b.c_out, threads)
+            kernels.sgemm_f32(b.c_attended_rows, w.o_proj, b.c_x, threads, True)  # x += o_proj
             t4 = clock()
-            b.x.add_(b.out)
             kernels.fused_rms_norm(b.c_x, w.post_norm, b.c_normed, w.eps)
             t5 = clock()
-            kernels.sgemm_f32(b.c_normed, w.gate_up, b.c_gate_up, threads)
-            t6 = clock()
-            kernels.fused_silu_mul(b.c_gate_up, b.c_act)
-            t7 = clock()
-            kernels.sgemm_f32(b.c_act, w.down, b.c_out, threads)
+            if self.silu_in_matmul:  # SiLU on the products in L1, on every thread
+                kernels.sgemm_f32_silu_mul(b.c_normed, w.gate_up, b.c_act, threads)
+                t6 = t7 = clock()
+            else:
+                kernels.sgemm_f32(b.c_normed, w.gate_up, b.c_gate_up, threads)
+                t6 = clock()
+                kernels.fused_silu_mul(b.c_gate_up, b.c_act)
+                t7 = clock()
+            kernels.sgemm_f32(b.c_act, w.down, b.c_x, threads, True)  # x += down
             t8 = clock()
-            b.x.add_(b.out)
             linear_s += (t1 - t0) + (t4 - t3) + (t6 - t5) + (t8 - t7)
             attention_s += t3 - t2
         _book(linear_s, attention_s, attention)

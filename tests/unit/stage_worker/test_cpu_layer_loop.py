@@ -49,9 +49,10 @@ def loop_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("silu_in_matmul", [True, False], ids=["silu-in-matmul", "silu-pass"])
 @pytest.mark.parametrize("pp", [1, 2])
 def test_the_loop_takes_every_step_and_matches_the_modules(
-    pp: int, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
+    pp: int, silu_in_matmul: bool, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
 ) -> None:
     model_dir = tiny_checkpoint("llama")
     prompts = make_prompts(PROMPT_LENGTHS)
@@ -62,7 +63,11 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
     assert not loop_calls
 
     looped = make_runners(model_dir, pp, 32)
-    assert all(stage_model(r).layer_loop is not None for r in looped)
+    for runner in looped:
+        loop = stage_model(runner).layer_loop
+        assert loop is not None
+        assert loop.silu_in_matmul  # the tiny model's F = 96: whole panels of 16
+        loop.silu_in_matmul = silu_in_matmul  # the pass of its own, as where F is not
     got = generate(looped, prompts, max_tokens=6)
 
     assert len(loop_calls) == got.num_batches * pp  # every step of every stage

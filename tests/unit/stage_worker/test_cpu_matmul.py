@@ -6,6 +6,7 @@ counts that split into tiles, a prompt chunk) and output counts that are not a m
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,13 @@ from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 pytestmark = pytest.mark.skipif(
     native.fused_kernels() is None, reason="the kernel needs the C module and AVX2 with FMA"
 )
+
+
+def kernels() -> Any:
+    """The C module (the tests skip where it does not run)."""
+    module = native.fused_kernels()
+    assert module is not None
+    return module
 
 
 def rand(*shape: int, seed: int) -> torch.Tensor:
@@ -44,6 +52,52 @@ def test_matches_a_float64_matmul(threads: int, tokens: int, out: int, in_: int)
     # of magnitudes
     bound = 4 * in_ * torch.finfo(torch.float32).eps * (x.abs() @ weight.abs().T)
     assert ((y - expected).abs() <= bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 5, 7, 8, 13, 64, 130])
+@pytest.mark.parametrize(("ffn", "in_"), [(1536, 576), (48, 37)])
+def test_silu_in_the_gate_up_matmul_equals_the_matmul_then_silu(
+    threads: int, tokens: int, ffn: int, in_: int
+) -> None:
+    cap = native.capsule
+    packed = cpu_matmul.pack(rand(2 * ffn, in_, seed=ffn) * 0.2).panels  # [gate; up]: [2F, in]
+    x = cap(rand(tokens, in_ + 3, seed=tokens)[:, :in_])  # [T, in], strided rows
+    gate_up, expected = torch.empty(tokens, 2 * ffn), torch.empty(tokens, ffn)
+    kernels().sgemm_f32(x, cap(packed), cap(gate_up), threads)
+    kernels().fused_silu_mul(cap(gate_up), cap(expected))
+    got = torch.full((tokens, ffn), float("nan"))
+    kernels().sgemm_f32_silu_mul(x, cap(packed), cap(got), threads)
+    assert torch.equal(got, expected)  # the same products, the same SiLU: to the bit
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+@pytest.mark.parametrize("out", [576, 100])
+def test_accumulate_adds_the_product_to_the_stream_as_torch_adds(
+    threads: int, tokens: int, out: int
+) -> None:
+    cap = native.capsule
+    packed, x = (
+        cap(cpu_matmul.pack(rand(out, 96, seed=out) * 0.1).panels),
+        cap(rand(tokens, 96, seed=0)),
+    )
+    stream = rand(tokens, out, seed=tokens)  # [T, out]: a residual stream
+    product = torch.empty(tokens, out)
+    kernels().sgemm_f32(x, packed, cap(product), threads)
+    expected = stream + product  # what the modules do: x.add_(o_proj(...))
+    kernels().sgemm_f32(x, packed, cap(stream), threads, True)
+    assert torch.equal(stream, expected)
+
+
+def test_silu_in_the_matmul_names_a_bad_argument() -> None:
+    cap, x = native.capsule, native.capsule(rand(2, 8, seed=1))
+    with pytest.raises(ValueError, match="a multiple of the panel"):
+        kernels().sgemm_f32_silu_mul(
+            x, cap(cpu_matmul.pack(rand(40, 8, seed=0)).panels), cap(torch.empty(2, 20)), 1
+        )
+    with pytest.raises(ValueError, match="packed: must hold ceil"):
+        kernels().sgemm_f32_silu_mul(
+            x, cap(cpu_matmul.pack(rand(64, 8, seed=0)).panels), cap(torch.empty(2, 16)), 1
+        )
 
 
 def test_packing_pads_the_last_panel_with_zeros() -> None:
