@@ -248,8 +248,8 @@ static int64_t claim(share_t *share, uint64_t end) {
  * runs during a step (the controller, the client, the worker's own I/O thread) preempts one of
  * the two, and with fixed halves the other then waits at the end of every matmul. Here each
  * thread still reads its own run of panels front to back, in address order, with the next one
- * known for the prefetch; only the last few go to whichever thread is free (BENCHMARKS "Matmul
- * panels taken from both ends"). */
+ * known for the prefetch; only the last few go to whichever thread is free (BENCHMARKS "The
+ * gate_up matmul's SiLU on every thread, and matmul panels taken from both ends"). */
 static void for_each_unit(int64_t units, int num_threads, const operands_t *o,
                           void (*work)(const operands_t *, int64_t, int64_t)) {
     const int threads = num_threads < 1 ? 1 : num_threads;
@@ -286,7 +286,7 @@ void sgemm_f32(const float *x, int64_t m, int64_t ldx, const float *packed, int6
 
 /* Why fused: the SiLU pass over the gate_up product ran on one thread, from memory, after the
  * matmul: 154 of a layer's 327 us of elementwise work at 64 tokens on the Zen 1 EPYC, its
- * exponentials and divisions on 128-bit units (BENCHMARKS "SiLU in the gate_up matmul"). Here
+ * exponentials and divisions on 128-bit units (BENCHMARKS "The gate_up matmul's SiLU on every thread"). Here
  * it runs on every thread, on products still in L1, and the [m, 2F] product is never written.
  * The outputs are those of sgemm_f32 then fused_silu_mul_f32 to the bit (same sums, same
  * silu_times). */
