@@ -26,14 +26,22 @@ from sarathictl.local_devices import check_device, count_cuda_gpus, worker_devic
 log = logging.getLogger(__name__)
 
 
-def _die_with_parent_prefix() -> list[str]:
-    """What a child's command starts with so it gets SIGTERM when this process goes away, even
-    by SIGKILL: util-linux's setpriv sets the parent-death signal and execs the command (same
-    pid). Not a preexec_fn: Python code between fork and exec in a process whose gRPC threads
-    are busy (a test holding channels) made gRPC abort the child. Without setpriv (not Linux),
-    children rely on stop()."""
+def _die_with_parent_prefix(parent_pid: int | None = None) -> list[str]:
+    """What a child's command starts with so it gets SIGTERM when its parent (this process unless
+    `parent_pid` says otherwise) goes away, even by SIGKILL: util-linux's setpriv sets the
+    parent-death signal and execs the command (same pid). A parent that dies before setpriv gets
+    there sends no signal, so a shell after it checks that its parent is still the one that
+    spawned it and execs the command only then (CI once killed a parent inside that window).
+    Not a preexec_fn: Python code between fork and exec in a process whose gRPC threads are busy
+    (a test holding channels) made gRPC abort the child. Without setpriv (not Linux), children
+    rely on stop()."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+    if setpriv is None:
+        return []
+    expected = os.getpid() if parent_pid is None else parent_pid
+    # $PPID is read once when the shell starts, which is after setpriv's prctl.
+    guard = f'[ "$PPID" = "{expected}" ] && exec "$@"'
+    return [setpriv, "--pdeathsig", "TERM", "--", "/bin/sh", "-c", guard, "sh"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
