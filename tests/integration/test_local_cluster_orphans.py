@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sarathictl.local_cluster import _die_with_parent_prefix
 
 pytestmark = pytest.mark.integration
