@@ -4,11 +4,16 @@ packed matmul (what a worker with several threads used before) and the package's
 
     python tools/bench_cpu_matmul.py [--threads 1] [--tokens 1,2,4,8,16,64,128] [--layers 15]
         [--baseline OTHER/stage_worker/_kernels.cpython-311-x86_64-linux-gnu.so] [--no-torch]
+        [--bf16-values]
 
 --baseline adds another build of the C module (say, the last commit's, built in a copy of the
 tree with `python setup.py build_ext --inplace`) as a path of its own on the same packed
 weights, so that a change to the kernel is timed against the kernel before it in one process,
 the two alternated; each token count checks first that both give the same outputs.
+
+--bf16-values rounds the weights to bf16 values (a bf16 checkpoint served in float32), which the
+kernel then holds as bf16 panels; the float32 panels of the same weights run beside it, and the
+baseline build (which may predate bf16 panels) gets those.
 
 Shapes are the demo model's (SmolLM2-135M: QKV 576 -> 960, O 576 -> 576, gate-up 576 -> 3,072,
 down 1,536 -> 576), 15 layers by default: half the model, one stage of the default PP=2. Prints
@@ -52,13 +57,26 @@ def load_build(path: Path) -> ModuleType:
     return module
 
 
+KERNEL = "AVX2 kernel"
+FLOAT32_PANELS = "float32 panels"
+
+
+def random_weight(out: int, in_: int, bf16_values: bool) -> torch.Tensor:
+    weight = torch.randn(out, in_) * 0.02  # [out, in]
+    return weight.bfloat16().float() if bf16_values else weight
+
+
 def paths(
-    layers: int, baseline: ModuleType | None = None, torch_paths: bool = True
+    layers: int,
+    baseline: ModuleType | None = None,
+    torch_paths: bool = True,
+    bf16_values: bool = False,
 ) -> tuple[int, dict[str, Callable[[dict[int, torch.Tensor]], None]]]:
-    """The weights' bytes and, per path, a closure running every layer's matmuls on inputs
-    keyed by their width."""
-    plain = [torch.randn(out, in_) * 0.02 for _ in range(layers) for out, in_ in SHAPES]
+    """The weights' bytes as the kernel reads them and, per path, a closure running every
+    layer's matmuls on inputs keyed by their width."""
+    plain = [random_weight(o, i, bf16_values) for _ in range(layers) for o, i in SHAPES]
     packed = [cpu_matmul.pack(w) for w in plain]
+    float32 = [cpu_matmul.pack(w, bf16_where_exact=False) for w in plain] if bf16_values else packed
     blocked = [onednn.pack(w) for w in plain]
 
     def mkl(xs: dict[int, torch.Tensor]) -> None:
@@ -73,14 +91,20 @@ def paths(
         for w, p in zip(plain, packed, strict=True):
             cpu_matmul.linear(xs[w.shape[1]], p)
 
-    nbytes = sum(w.numel() * 4 for w in plain)
-    runs: dict[str, Callable[[dict[int, torch.Tensor]], None]] = {"AVX2 kernel": kernel}
+    def float32_panels(xs: dict[int, torch.Tensor]) -> None:
+        for w, p in zip(plain, float32, strict=True):
+            cpu_matmul.linear(xs[w.shape[1]], p)
+
+    nbytes = sum(p.panels.nbytes for p in packed)
+    runs: dict[str, Callable[[dict[int, torch.Tensor]], None]] = {KERNEL: kernel}
     if torch_paths:
         runs = {MKL: mkl, "oneDNN packed": one_dnn, **runs}
+    if bf16_values:
+        runs[FLOAT32_PANELS] = float32_panels
     if baseline is not None:
 
         def other_build(xs: dict[int, torch.Tensor]) -> None:
-            baseline_run(baseline, packed, xs)
+            baseline_run(baseline, float32, xs)
 
         runs[BASELINE] = other_build
     return nbytes, runs
@@ -101,12 +125,14 @@ def baseline_run(
     return outs
 
 
-def check_same_outputs(module: ModuleType, tokens: int) -> None:
+def check_same_outputs(module: ModuleType, tokens: int, bf16_values: bool) -> None:
     """The two builds agree bit for bit on one layer's matmuls (a timing of a wrong kernel
-    is no measurement)."""
-    weights = [cpu_matmul.pack(torch.randn(out, in_) * 0.02) for out, in_ in SHAPES]
+    is no measurement), the baseline on float32 panels."""
+    plain = [random_weight(out, in_, bf16_values) for out, in_ in SHAPES]
+    weights = [cpu_matmul.pack(w) for w in plain]
+    float32 = [cpu_matmul.pack(w, bf16_where_exact=False) for w in plain]
     xs = {in_: torch.randn(tokens, in_) for in_ in {s[1] for s in SHAPES}}
-    for w, theirs in zip(weights, baseline_run(module, weights, xs), strict=True):
+    for w, theirs in zip(weights, baseline_run(module, float32, xs), strict=True):
         ours = cpu_matmul.linear(xs[w.panels.shape[1]], w)
         if not torch.equal(ours, theirs):
             raise SystemExit(f"the baseline build's outputs differ at {tokens} tokens")
@@ -129,21 +155,29 @@ def main(argv: list[str]) -> int:
         help="leave out MKL and oneDNN (their threads, spinning after a call, load the cores "
         "the next path runs on): the cleaner A/B of two kernel builds",
     )
+    p.add_argument(
+        "--bf16-values",
+        action="store_true",
+        help="weights rounded to bf16 values, which the kernel holds as bf16 panels; their "
+        "float32 panels run beside it",
+    )
     args = p.parse_args(argv)
     if not cpu_matmul.usable_for(torch.empty(1, 1)):
         print("the AVX2 kernel cannot run here (no AVX2 with FMA, or no C module)")
         return 1
     torch.set_num_threads(args.threads)
     baseline = load_build(args.baseline) if args.baseline else None
-    nbytes, runs = paths(args.layers, baseline, torch_paths=not args.no_torch)
-    ratios = (["vs MKL"] if MKL in runs else []) + (["baseline / kernel"] if baseline else [])
-    print(f"{nbytes / 1e6:.0f} MB of float32 weights, {args.threads} thread(s)")
+    nbytes, runs = paths(args.layers, baseline, not args.no_torch, args.bf16_values)
+    others = [name for name in (MKL, FLOAT32_PANELS, BASELINE) if name in runs]
+    ratios = [f"{name} / kernel" for name in others]
+    held = "bf16 panels" if args.bf16_values else "float32"
+    print(f"{nbytes / 1e6:.0f} MB of weights ({held}), {args.threads} thread(s)")
     print("| tokens | " + " | ".join(f"{n} ms" for n in runs) + " | kernel GB/s | "
           + " | ".join(ratios) + " |")  # fmt: skip
     print("| ---: |" + " ---: |" * (len(runs) + 1 + len(ratios)))
     for tokens in (int(t) for t in args.tokens.split(",")):
         if baseline is not None:
-            check_same_outputs(baseline, tokens)
+            check_same_outputs(baseline, tokens, args.bf16_values)
         xs = {in_: torch.randn(tokens, in_) for in_ in {s[1] for s in SHAPES}}
         times: dict[str, list[float]] = {name: [] for name in runs}
         for round_index in range(args.rounds):
@@ -156,9 +190,9 @@ def main(argv: list[str]) -> int:
                 run(xs)
                 times[name].append((time.perf_counter() - start) * 1e3)
         ms = {name: statistics.median(t) for name, t in times.items()}
-        kernel = ms["AVX2 kernel"]
+        kernel = ms[KERNEL]
         cells = " | ".join(f"{v:.1f}" for v in ms.values())
-        speedups = [ms[name] / kernel for name in (MKL, BASELINE) if name in ms]
+        speedups = [ms[name] / kernel for name in others]
         ratio_cells = " | ".join(f"{r:.2f}x" for r in speedups)
         print(f"| {tokens} | {cells} | {nbytes / kernel / 1e6:.1f} | {ratio_cells} |")
     return 0

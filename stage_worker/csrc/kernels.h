@@ -83,16 +83,20 @@ void paged_attention_avx2(const float *q, const float *k_cache, const float *v_c
 void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int64_t n, int64_t k,
                uint16_t *y, int64_t ldy);
 
-/* See sgemm_f32.c: weights packed as [ceil(n / PANEL), k, PANEL] floats, zero-padded. */
+/* See sgemm_f32.c: weights packed as [ceil(n / PANEL), k, PANEL] floats, zero-padded; or, for a
+ * float32 weight whose every value is a bf16 value, as the same panels of bf16 (half the
+ * bytes, the same products). */
 #define SARATHI_SGEMM_PANEL 16
 void sgemm_f32_pack(const float *w, int64_t n, int64_t k, float *packed);
+void sgemm_f32_pack_bf16(const float *w, int64_t n, int64_t k, uint16_t *packed);
 /* y = x @ w.T, or with `accumulate` y += x @ w.T (y a residual stream, updated in place). */
-void sgemm_f32(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t n, int64_t k,
-               float *y, int64_t ldy, int accumulate, int num_threads);
+void sgemm_f32(const float *x, int64_t m, int64_t ldx, const void *packed, int packed_bf16,
+               int64_t n, int64_t k, float *y, int64_t ldy, int accumulate, int num_threads);
 /* act[m, F] = silu(x @ gate.T) * (x @ up.T), packed holding [gate; up] ([2F, k], F a multiple of
  * the panel). */
-void sgemm_f32_silu_mul(const float *x, int64_t m, int64_t ldx, const float *packed, int64_t f,
-                        int64_t k, float *act, int64_t ld_act, int num_threads);
+void sgemm_f32_silu_mul(const float *x, int64_t m, int64_t ldx, const void *packed,
+                        int packed_bf16, int64_t f, int64_t k, float *act, int64_t ld_act,
+                        int num_threads);
 
 /* See fused_ops.c. x's rows (and rotary's heads) may be strided; out is compact. */
 void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,

@@ -359,9 +359,9 @@ static PyObject *py_fused_silu_mul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* The weight's [n, k] float32 rows and its packed panels [ceil(n / 16), k, 16] agree. */
+/* The weight's [n, k] float32 rows and its packed panels [ceil(n / 16), k, 16] (float32, or bf16
+ * from sgemm_f32_pack_bf16) agree. */
 static int check_packed(const view_t *packed, int64_t n, int64_t k) {
-    if (packed->is_bf16) return fail("packed", "dtype must be float32");
     if (packed->shape[2] != SARATHI_SGEMM_PANEL)
         return fail("packed", "its last dimension must be the panel width (16)");
     if (packed->shape[1] != k) return fail("packed", "its inputs differ from the weight's or x's");
@@ -381,7 +381,11 @@ static PyObject *py_sgemm_f32_pack(PyObject *self, PyObject *args) {
     if (refuse_fused_on_this_cpu()) return NULL; /* compiled for AVX2 too */
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
-    sgemm_f32_pack((const float *)w.data, w.shape[0], w.shape[1], (float *)packed.data);
+    if (packed.is_bf16)
+        sgemm_f32_pack_bf16((const float *)w.data, w.shape[0], w.shape[1],
+                            (uint16_t *)packed.data);
+    else
+        sgemm_f32_pack((const float *)w.data, w.shape[0], w.shape[1], (float *)packed.data);
     Py_END_ALLOW_THREADS;
 #endif
     Py_RETURN_NONE;
@@ -416,7 +420,7 @@ static PyObject *py_sgemm_f32(PyObject *self, PyObject *args) {
     if (check_packed(&packed, n, k) || refuse_fused_on_this_cpu()) return NULL;
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
-    sgemm_f32((const float *)x.data, m, x_strides[0], (const float *)packed.data, n, k,
+    sgemm_f32((const float *)x.data, m, x_strides[0], packed.data, packed.is_bf16, n, k,
               (float *)y.data, n, accumulate, num_threads);
     Py_END_ALLOW_THREADS;
 #endif
@@ -440,8 +444,8 @@ static PyObject *py_sgemm_f32_silu_mul(PyObject *self, PyObject *args) {
     if (check_packed(&packed, 2 * f, k) || refuse_fused_on_this_cpu()) return NULL;
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
-    sgemm_f32_silu_mul((const float *)x.data, m, x_strides[0], (const float *)packed.data, f, k,
-                       (float *)act.data, f, num_threads);
+    sgemm_f32_silu_mul((const float *)x.data, m, x_strides[0], packed.data, packed.is_bf16, f,
+                       k, (float *)act.data, f, num_threads);
     Py_END_ALLOW_THREADS;
 #endif
     Py_RETURN_NONE;
@@ -496,11 +500,12 @@ static PyMethodDef methods[] = {
      "fused_silu_mul(gate_up, out): gate_up [rows, 2F] (rows may be strided), out [rows, F]; "
      "out = silu(gate) * up."},
     {"sgemm_f32_pack", py_sgemm_f32_pack, METH_VARARGS,
-     "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] and packed "
-     "[ceil(n / 16), k, 16], float32 and contiguous; packed is written (zero-padded)."},
+     "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] (float32) and packed "
+     "[ceil(n / 16), k, 16], contiguous; packed is written (zero-padded). A bf16 packed takes "
+     "each weight's top 16 bits: exact only for a weight whose values are all bf16 values."},
     {"sgemm_f32", py_sgemm_f32, METH_VARARGS,
      "sgemm_f32(x, packed, out, num_threads, accumulate=False): x [m, k] (rows may be "
-     "strided), packed from sgemm_f32_pack, out [m, n], all float32; out = x @ weight.T, or "
+     "strided), packed from sgemm_f32_pack (float32 or bf16), out [m, n], x and out float32; out = x @ weight.T, or "
      "with accumulate out += x @ weight.T (out must not overlap x)."},
     {"sgemm_f32_silu_mul", py_sgemm_f32_silu_mul, METH_VARARGS,
      "sgemm_f32_silu_mul(x, packed, out, num_threads): packed from sgemm_f32_pack of a [2F, k] "

@@ -7,6 +7,11 @@ kernel reads them once per step at 15-17 GB/s for up to 6 tokens and stays ahead
 128 (BENCHMARKS "A float32 matmul kernel for AVX2"). It needs its own weight layout, panels of
 16 outputs, so each float32 weight is packed once after load and the plain copy dropped.
 
+A float32 weight whose every value is a bf16 value (a bf16 checkpoint served in float32, as on
+CPUs without bf16 arithmetic) is packed as bf16: half the bytes to read, widened to the same
+float32 in registers, so the products are the float32 kernel's to the bit. Steps that stream the
+weights (decodes, small batches) read half as much; the memory footprint halves too.
+
 On by default wherever it runs (x86-64 with AVX2 and FMA, the package's C module built);
 `--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` keeps MKL, to compare.
 """
@@ -31,12 +36,18 @@ def set_enabled(on: bool) -> None:
     _enabled = on
 
 
+BF16_POSITION = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
+"""Where a panel's output c sits in a bf16 panel's row: the order in which the kernel's two
+128-bit-lane unpacks widen it to outputs 0-7 and 8-15 (sgemm_f32.c, panel_row)."""
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A [out, in] float32 weight as the kernel reads it."""
 
     panels: torch.Tensor
-    """[ceil(out / 16), in, 16] float32: output features in panels of 16, zero-padded."""
+    """[ceil(out / 16), in, 16] float32 or bfloat16 (see holds_bf16_values): output features in
+    panels of 16, zero-padded; a bf16 panel's 16 in BF16_POSITION order."""
     out_features: int
 
 
@@ -51,20 +62,32 @@ def usable_for(weight: torch.Tensor) -> bool:
     )
 
 
-def pack(weight: torch.Tensor) -> PackedWeight:
-    """weight: [out, in] float32 -> its panels (a new tensor; weight is left as it is)."""
+def holds_bf16_values(weight: torch.Tensor) -> bool:
+    """Whether every value of the float32 weight is a bf16 value (its low 16 bits zero), so
+    that bf16 panels hold it exactly."""
+    return not bool((weight.contiguous().view(torch.int32) & 0xFFFF).any())
+
+
+def pack(weight: torch.Tensor, bf16_where_exact: bool = True) -> PackedWeight:
+    """weight: [out, in] float32 -> its panels (a new tensor; weight is left as it is), bf16
+    where that loses nothing unless `bf16_where_exact` is off (to compare the two)."""
     module = native.fused_kernels()
     assert module is not None, "pack() called where usable_for() is False"
     out, in_ = weight.shape
-    panels = torch.empty((-(-out // PANEL), in_, PANEL), dtype=torch.float32)
+    bf16 = bf16_where_exact and holds_bf16_values(weight)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    panels = torch.empty((-(-out // PANEL), in_, PANEL), dtype=dtype)
     module.sgemm_f32_pack(native.capsule(weight.contiguous()), native.capsule(panels))
     return PackedWeight(panels, out)
 
 
 def rows(weight: PackedWeight, ids: torch.Tensor) -> torch.Tensor:
-    """The weight's rows ids ([n] int64, each < out_features) -> [n, in]: an embedding
+    """The weight's rows ids ([n] int64, each < out_features) -> [n, in] float32: an embedding
     lookup in a tied matrix held only as panels."""
-    return weight.panels[ids // PANEL, :, ids % PANEL]  # the index dims first: [n, in]
+    column = ids % PANEL
+    if weight.panels.dtype == torch.bfloat16:
+        column = BF16_POSITION[column]
+    return weight.panels[ids // PANEL, :, column].float()  # the index dims first: [n, in]
 
 
 def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:

@@ -44,7 +44,8 @@ class VocabParallelEmbedding(nn.Module):
             return self._rows(token_ids)
         mine = (token_ids >= self.start) & (token_ids < self.stop)
         local = torch.where(mine, token_ids - self.start, 0)
-        out = self._rows(local) * mine[:, None].to(self.weight.dtype)
+        rows = self._rows(local)
+        out = rows * mine[:, None].to(rows.dtype)
         return self.tp.all_reduce(out)
 
     def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ class Stream:
 
     tokens: list[int]
     top: list[list[int]]
+    finish_reason: str = "length"
 
 
 def _prompts(tokenizer: Tokenizer) -> list[list[int]]:
@@ -112,6 +113,14 @@ class Served:
     port: int
     model: str
     tokenizer: Tokenizer
+    log_dir: Path
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The end of every process's log, for a failure's message."""
+        return "\n".join(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            for log in sorted(self.log_dir.glob("*.log"))
+        )
 
     def stream(self, prompt: list[int]) -> Stream:
         body = {"model": self.model, "prompt": prompt, "max_tokens": NEW_TOKENS,
@@ -123,7 +132,7 @@ class Served:
         for alternatives in choice["logprobs"]["top_logprobs"]:
             ranked = sorted(alternatives.items(), key=lambda kv: -kv[1])
             top.append([self._id(text, ids) for text, _ in ranked])
-        return Stream(list(choice["token_ids"]), top)
+        return Stream(list(choice["token_ids"]), top, choice["finish_reason"])
 
     def _id(self, text: str, cache: dict[str, int]) -> int:
         if not cache:
@@ -140,11 +149,12 @@ def served(
 ) -> Iterator[Served]:
     model_dir = prepared_demo_dir()
     port = _free_port()
+    log_dir = tmp_path_factory.mktemp("logs")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", str(request.param),
          "--model", str(model_dir), "--port", str(_free_port()), "--http-port", str(port),
          "--dtype", "bfloat16", "--kv-cache-mb", "64",
-         "--log-dir", str(tmp_path_factory.mktemp("logs"))],
+         "--log-dir", str(log_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -159,7 +169,7 @@ def served(
             except OSError:
                 assert time.monotonic() < deadline, "the bf16 cluster did not serve in time"
                 time.sleep(1.0)
-        yield Served(port, model, Tokenizer.from_dir(model_dir))
+        yield Served(port, model, Tokenizer.from_dir(model_dir), log_dir)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -183,6 +193,12 @@ def test_bf16_streams_stay_close_to_float32_and_part_no_more_than_transformers_b
     prompts, float32, hf_bf16 = references
     with ThreadPoolExecutor(len(prompts)) as pool:  # batched by the scheduler, as users send
         ours = list(pool.map(served.stream, prompts))
+    cut = [
+        (i, len(o.tokens), o.finish_reason)
+        for i, o in enumerate(ours)
+        if len(o.tokens) < NEW_TOKENS
+    ]
+    assert not cut, f"(prompt, tokens, finish reason) cut short: {cut}\n{served.log_tails()}"
     not_close = [i for i, (o, r) in enumerate(zip(ours, float32, strict=True)) if not close(o, r)]
     assert not not_close, f"prompts {not_close} part from float32 beyond each other's top 5"
     ours_parted = sum(parted_at(o, r) is not None for o, r in zip(ours, float32, strict=True))

@@ -100,6 +100,50 @@ def test_silu_in_the_matmul_names_a_bad_argument() -> None:
         )
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 5, 6, 7, 8, 13, 64, 130])
+@pytest.mark.parametrize(("out", "in_"), [(960, 576), (100, 37), (3, 8)])
+def test_bf16_valued_weights_are_held_as_bf16_and_give_the_float32_products_to_the_bit(
+    threads: int, tokens: int, out: int, in_: int
+) -> None:
+    """A bf16 checkpoint served in float32: half the bytes, the same sums."""
+    cap = native.capsule
+    weight = (rand(out, in_, seed=out) * 0.05).bfloat16().float()  # [out, in]
+    packed = cpu_matmul.pack(weight)
+    assert packed.panels.dtype == torch.bfloat16
+    x = rand(tokens, in_ + 5, seed=tokens)[:, :in_]  # [T, in], strided rows
+    expected = torch.empty(tokens, out)
+    float32 = cpu_matmul.pack(weight, bf16_where_exact=False).panels
+    kernels().sgemm_f32(cap(x), cap(float32), cap(expected), threads)
+    assert torch.equal(cpu_matmul.linear(x, packed), expected)
+    stream = rand(tokens, out, seed=1)  # the accumulating form reads the same panels
+    added = stream + expected
+    kernels().sgemm_f32(cap(x), cap(packed.panels), cap(stream), threads, True)
+    assert torch.equal(stream, added)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+def test_silu_in_the_matmul_on_bf16_panels_equals_it_on_float32_panels(
+    threads: int, tokens: int
+) -> None:
+    cap, ffn, in_ = native.capsule, 48, 37
+    weight = (rand(2 * ffn, in_, seed=2) * 0.2).bfloat16().float()  # [gate; up]: [2F, in]
+    x = cap(rand(tokens, in_, seed=tokens))
+    got, expected = torch.empty(tokens, ffn), torch.empty(tokens, ffn)
+    float32 = cpu_matmul.pack(weight, bf16_where_exact=False).panels
+    kernels().sgemm_f32_silu_mul(x, cap(float32), cap(expected), threads)
+    kernels().sgemm_f32_silu_mul(x, cap(cpu_matmul.pack(weight).panels), cap(got), threads)
+    assert torch.equal(got, expected)
+
+
+def test_a_weight_with_one_value_beyond_bf16_stays_float32() -> None:
+    weight = torch.ones(20, 3)
+    assert cpu_matmul.pack(weight).panels.dtype == torch.bfloat16
+    weight[19, 2] = 1 + 2**-20  # needs float32's low bits
+    packed = cpu_matmul.pack(weight)
+    assert packed.panels.dtype == torch.float32
+    assert torch.equal(cpu_matmul.linear(torch.eye(3), packed), weight.T)
+
+
 def test_packing_pads_the_last_panel_with_zeros() -> None:
     packed = cpu_matmul.pack(torch.ones(20, 3))
     assert packed.panels.shape == (2, 3, 16) and packed.out_features == 20
@@ -134,9 +178,14 @@ def test_float32_layers_run_the_kernel_and_free_the_plain_weight() -> None:
     torch.testing.assert_close(layer(x), before, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("bf16_values", [False, True], ids=["float32-panels", "bf16-panels"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_a_float32_head_runs_the_kernel_and_a_tied_embedding_reads_its_panels(tied: bool) -> None:
+def test_a_float32_head_runs_the_kernel_and_a_tied_embedding_reads_its_panels(
+    tied: bool, bf16_values: bool
+) -> None:
     weights = rand(1000, 64, seed=5)  # [vocab, hidden]
+    if bf16_values:  # a bf16 checkpoint: the panels are bf16, their columns reordered
+        weights = weights.bfloat16().float()
     hidden = rand(3, 64, seed=6)
     head = ParallelLMHead(1000, 64, TPGroup(), "cpu", torch.float32)
     head.weight.data.copy_(weights)
@@ -144,10 +193,11 @@ def test_a_float32_head_runs_the_kernel_and_a_tied_embedding_reads_its_panels(ti
     embedding.weight = head.weight
     head.pack(embedding if tied else None)
     assert head.f32 is not None
+    assert head.f32.panels.dtype == (torch.bfloat16 if bf16_values else torch.float32)
     torch.testing.assert_close(head(hidden), hidden @ weights.T, atol=1e-4, rtol=1e-4)
     assert (embedding.f32 is head.f32) is tied
     assert (embedding.weight is head.weight) is tied  # tied: one Parameter, the panels
-    ids = torch.tensor([0, 999, 15, 16, 17, 512])
+    ids = torch.tensor([0, 999, 4, 7, 8, 11, 12, 15, 16, 17, 512])  # each group of 4 in a panel
     assert torch.equal(embedding(ids), weights[ids])  # held once: the lookups read the panels
 
 
@@ -161,11 +211,14 @@ def test_switched_off_the_layers_keep_f_linear() -> None:
         cpu_matmul.set_enabled(True)
 
 
+@pytest.mark.parametrize("bf16_values", [False, True], ids=["float32", "bf16-values"])
 def test_its_benchmark_times_another_build_beside_this_one(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], bf16_values: bool
 ) -> None:
     """tools/bench_cpu_matmul.py --baseline, which BENCHMARKS.md quotes: this build against
-    itself here (tiny points: not a measurement), each point checked for equal outputs."""
+    itself here (tiny points: not a measurement), each point checked for equal outputs; with
+    --bf16-values the kernel's bf16 panels against the baseline's float32 ones, and against
+    the float32 panels in this build."""
     import sys
 
     from tests.conftest import REPO_ROOT
@@ -176,9 +229,10 @@ def test_its_benchmark_times_another_build_beside_this_one(
     so = native.module().__file__
     assert so is not None
     argv = ["--tokens", "1,7", "--layers", "1", "--rounds", "1", "--baseline", so, "--no-torch"]
-    assert bench_cpu_matmul.main(argv) == 0
+    assert bench_cpu_matmul.main(argv + (["--bf16-values"] if bf16_values else [])) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert "baseline build ms" in rows[0] and rows[0].endswith("| baseline / kernel |")
+    assert "baseline build ms" in rows[0] and rows[0].endswith("| baseline build / kernel |")
+    assert ("float32 panels / kernel" in rows[0]) is bf16_values
     assert "MKL" not in rows[0]  # --no-torch
     assert [row.split(" | ")[0] for row in rows[2:]] == ["| 1", "| 7"]
     assert all(row.endswith("x |") for row in rows[2:])

@@ -316,8 +316,8 @@ def fit_step_cost(rows: list[Row], context_tokens: int) -> tuple[float, float, f
 
 def print_report(r: Report) -> None:
     print(
-        f"{r.model}: {r.param_bytes / 1e6:.1f} MB of {r.dtype} weights on {r.device_name} "
-        f"({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
+        f"{r.model} ({r.dtype}): {r.param_bytes / 1e6:.1f} MB of weights as held, on "
+        f"{r.device_name} ({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
         f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}"
         f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}"
         f"{', layers as one loop over the C kernels' if r.cpu_layer_loop else ''}\n"
