@@ -31,10 +31,11 @@
  *   in float32, as on CPUs without bf16 arithmetic) is packed as bf16 (sgemm_f32_pack_bf16):
  *   each value is the top half of its float32, so widening it in a register is two unpacks and
  *   the sums are the float32 panels' to the bit. A step of 1 to 6 tokens, which streams the
- *   weight, reads half the bytes: the demo model's decode of one token 27 ms where it took 37
- *   on the Zen 1 EPYC (BENCHMARKS "bf16 panels for bf16 checkpoints served in float32"). From 7
- *   tokens up the FMAs set the pace; there a panel's first tile widens it once into this
- *   thread's scratch for the others (panel_t), and the cost is 0-4%.
+ *   weight, reads half the bytes: the matmuls 1.3x-1.8x faster, a served step of one decode of
+ *   the demo model 21 ms where it took 36 on the Zen 1 EPYC (BENCHMARKS "bf16 panels for bf16
+ *   checkpoints served in float32"). From 7 tokens up the FMAs set the pace; there a panel's
+ *   first tile widens it once into this thread's scratch for the others (panel_t), and the
+ *   cost is 0-6%.
  *
  * Sums are in float32 with fused multiply-adds, in k order: not MKL's order, so outputs differ
  * from F.linear's by rounding (about 1e-6 relative; tests/unit/stage_worker/test_cpu_matmul.py).
@@ -260,8 +261,8 @@ static inline int tile_rows(int64_t m, int64_t tiles, int64_t index) {
 /* A panel as its tiles read it. A bf16 panel of more tiles than one is widened to float32 by
  * its first tile, into `widened` (this thread's scratch), and its other tiles read that from
  * L1 or L2 as a float32 panel: the widening paid once a panel rather than once a tile, which at
- * 8 to 128 tokens cost 2-4% of the matmul on the Zen 1 EPYC, its unpacks competing with the
- * FMAs. One tile (up to 6 tokens) reads the bf16 panel itself. */
+ * 64 tokens cost 2% of the matmul on the Zen 1 EPYC (now nothing), its unpacks competing with
+ * the FMAs. One tile (up to 6 tokens) reads the bf16 panel itself. */
 typedef struct {
     const char *packed;
     int bf16;
