@@ -87,20 +87,21 @@ def paths(
         for w, b in zip(plain, blocked, strict=True):
             onednn.linear(xs[w.shape[1]], b)
 
-    def kernel(xs: dict[int, torch.Tensor]) -> None:
-        for w, p in zip(plain, packed, strict=True):
-            cpu_matmul.linear(xs[w.shape[1]], p)
+    def kernel_on(
+        panels: list[cpu_matmul.PackedWeight],
+    ) -> Callable[[dict[int, torch.Tensor]], None]:
+        def run(xs: dict[int, torch.Tensor]) -> None:
+            for w, p in zip(plain, panels, strict=True):
+                cpu_matmul.linear(xs[w.shape[1]], p)
 
-    def float32_panels(xs: dict[int, torch.Tensor]) -> None:
-        for w, p in zip(plain, float32, strict=True):
-            cpu_matmul.linear(xs[w.shape[1]], p)
+        return run
 
     nbytes = sum(p.panels.nbytes for p in packed)
-    runs: dict[str, Callable[[dict[int, torch.Tensor]], None]] = {KERNEL: kernel}
+    runs: dict[str, Callable[[dict[int, torch.Tensor]], None]] = {KERNEL: kernel_on(packed)}
     if torch_paths:
         runs = {MKL: mkl, "oneDNN packed": one_dnn, **runs}
     if bf16_values:
-        runs[FLOAT32_PANELS] = float32_panels
+        runs[FLOAT32_PANELS] = kernel_on(float32)
     if baseline is not None:
 
         def other_build(xs: dict[int, torch.Tensor]) -> None:

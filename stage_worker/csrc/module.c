@@ -505,8 +505,8 @@ static PyMethodDef methods[] = {
      "each weight's top 16 bits: exact only for a weight whose values are all bf16 values."},
     {"sgemm_f32", py_sgemm_f32, METH_VARARGS,
      "sgemm_f32(x, packed, out, num_threads, accumulate=False): x [m, k] (rows may be "
-     "strided), packed from sgemm_f32_pack (float32 or bf16), out [m, n], x and out float32; out = x @ weight.T, or "
-     "with accumulate out += x @ weight.T (out must not overlap x)."},
+     "strided), packed from sgemm_f32_pack (float32 or bf16), out [m, n], x and out float32; "
+     "out = x @ weight.T, or with accumulate out += x @ weight.T (out must not overlap x)."},
     {"sgemm_f32_silu_mul", py_sgemm_f32_silu_mul, METH_VARARGS,
      "sgemm_f32_silu_mul(x, packed, out, num_threads): packed from sgemm_f32_pack of a [2F, k] "
      "gate_up weight (F a multiple of 16), out [m, F]: out = silu(x @ gate.T) * (x @ up.T), "
