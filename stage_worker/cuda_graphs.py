@@ -8,8 +8,10 @@ A step of decodes only (one token per sequence) is padded up to a batch bucket a
 that bucket's graph, captured on first use. Padding rows write their K and V into the cache's
 scratch block and attend to that block alone, so they never touch a sequence's blocks. Before
 each replay the attention's `load` puts the step's block tables where the graph reads them:
-- torch attention (StaticDecodeAttention) reads a static table [B, M] and context lengths [B]
-  and masks positions past a context, so its graphs are per (batch, table size) bucket;
+- torch attention (StaticDecodeAttention) reads a static table [B, M] and context lengths [B],
+  so its graphs are per (batch, table size) bucket. With Triton (CUDA's torch builds) one kernel
+  writes the step's K and V and attends (attention/triton_decode.py); else torch's paged_decode
+  masks positions past a context;
 - flashinfer (attention.flashinfer_backend.FlashInferGraphDecode) plans ragged tables on the
   host into fixed buffers: one graph per batch bucket serves every context up to the largest.
 Other steps (prompt chunks, larger batches, longer contexts) run eagerly.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -27,6 +29,7 @@ from stage_worker.attention import AttentionBackend, AttentionMetadata, SeqSlice
 from stage_worker.attention.base import write_kv
 from stage_worker.attention.torch_backend import paged_decode
 from stage_worker.kv_cache import KVCache
+from stage_worker.layers import fused
 from stage_worker.models import StageModel
 
 logger = logging.getLogger(__name__)
@@ -87,6 +90,10 @@ class StaticDecodeAttention:
         self.max_context_len = table * block_size
         self._positions = torch.arange(self.max_context_len, device=device)
         self._mask: torch.Tensor | None = None
+        self._kernel = fused.decode_attention_kernel(device)
+        """attention.triton_decode, or None for torch's paged_decode."""
+        self._scratch: Any = None
+        """The kernel's split scratch (triton_decode.DecodeScratch), made at prepare()."""
 
     def load(self, seqs: list[SeqSlice], scratch_block: int) -> None:
         (batch, table), bs = self.block_table.shape, self.block_size
@@ -104,7 +111,21 @@ class StaticDecodeAttention:
         self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
         """Once per step, before the first layer (so inside the captured graph): the mask of
-        each row's context, shared by every layer."""
+        each row's context, shared by every layer (torch's path); the kernel's scratch."""
+        if self._kernel is not None and self._kernel.takes_heads(
+            num_q_heads, num_kv_heads, head_dim, meta.dtype or torch.float32
+        ):
+            if self._scratch is None:
+                batch, splits = (
+                    self.block_table.shape[0],
+                    self._kernel.num_splits(self.max_context_len),
+                )
+                self._scratch = self._kernel.DecodeScratch(
+                    batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim, splits,
+                    self._positions.device,
+                )  # fmt: skip
+            return
+        self._scratch = None
         # [B, 1, 1, M * block_size] True = attend
         self._mask = (self._positions[None, :] < self.context_lens[:, None])[:, None, None, :]
 
@@ -118,6 +139,12 @@ class StaticDecodeAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         # q: [B, Hq, D]; k, v: [B, Hkv, D] -> [B, Hq, D]
+        if self._scratch is not None and self._kernel is not None:
+            out: torch.Tensor = self._kernel.paged_decode_write(
+                q, k, v, k_cache, v_cache, self.block_table, self.context_lens,
+                meta.slot_mapping, self._scratch,
+            )  # fmt: skip
+            return out
         assert self._mask is not None, "prepare() runs before the first layer"
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         return paged_decode(

@@ -7,6 +7,8 @@
 #          a table each), torch attention and flashinfer, each decode point eager and from a
 #          CUDA graph;
 #   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
+#   bench-no-decode-kernel  the torch one again with --no-decode-kernel (torch's paged_decode
+#          in the graphs, not the Triton kernel);
 #   profile  where a decode step's time goes, batch 1 and 32 (tools/gpu_decode_profile.py; the
 #          backends in GPU_PROFILE_ATTENTION, default "torch flashinfer");
 #   live-sarathi, live-vllm
@@ -30,7 +32,8 @@
 # that both policies are held to the same one. GPU_CHECK_DEVICE (default cuda) and
 # GPU_CHECK_SHAPE (default mistral-7b) let them run on the CPU with a small shape as a dry run;
 # GPU_LIVE_ARGS is appended to their `bench capacity` command (the last of a repeated flag wins),
-# GPU_BENCH_ARGS to the stage benchmarks' (e.g. --repeats 20).
+# GPU_BENCH_ARGS to the stage benchmarks' (e.g. --repeats 20); GPU_BENCH_ATTENTION (default
+# "torch flashinfer") picks the backends the bench part times.
 set -uo pipefail
 
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [WHEEL_DIR]}
@@ -77,7 +80,7 @@ bench() {  # bench NAME ARGS...: the stage benchmark as JSON and as a table
   python3 - "$out/$name.json" <<'PY' | tee "$out/$name.md"
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"{r['model']} on {r['device_name']}, attention={r['attention']}, fused ops {r['fused_ops']}: copy {r['copy_bandwidth_gb_s']:.0f} GB/s, "
+print(f"{r['model']} on {r['device_name']}, attention={r['attention']}, fused ops {r['fused_ops']}, decode kernel {r['decode_kernel']}: copy {r['copy_bandwidth_gb_s']:.0f} GB/s, "
       f"decode floor {r['decode_floor_ms']:.2f} ms, matmul {r['matmul_tflop_s']:.0f} TFLOP/s, "
       f"prefill ceiling {r['prefill_ceiling_tokens_s']:,.0f} tokens/s")
 for row in r["rows"]:
@@ -89,11 +92,15 @@ for row in r["rows"]:
 PY
 }
 if [[ $parts == *" bench "* ]]; then
-  bench stage-torch --attention torch
-  bench stage-flashinfer --attention flashinfer
+  for attention in ${GPU_BENCH_ATTENTION:-torch flashinfer}; do
+    bench "stage-$attention" --attention "$attention"
+  done
 fi
 if [[ $parts == *" bench-unfused "* ]]; then
   bench stage-torch-unfused --attention torch --no-fused-ops
+fi
+if [[ $parts == *" bench-no-decode-kernel "* ]]; then
+  bench stage-torch-no-decode-kernel --attention torch --no-decode-kernel
 fi
 if [[ $parts == *" profile "* ]]; then
   # where a decode step's time goes: kernels, kernel time and wall time, fused or not

@@ -26,6 +26,19 @@ class RMSNorm(nn.Module):
         normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
+    def add_forward(
+        self, x: torch.Tensor, delta: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add and this norm after it: (x + delta, norm(x + delta)), [num_tokens,
+        hidden] each; one kernel on CUDA, where each is a launch of almost no work at decode."""
+        if x.is_cuda and (kernels := fused.kernels_for(x)) is not None:
+            both: tuple[torch.Tensor, torch.Tensor] = kernels.add_rms_norm(
+                x, delta, self.weight, self.eps
+            )
+            return both
+        total = x + delta
+        return total, self.forward(total)
+
 
 class LayerNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float, device: str, dtype: torch.dtype) -> None:

@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for CUDA steps, in Triton: RMSNorm, rotary, SiLU-and-multiply.
+"""Fused elementwise kernels for CUDA steps, in Triton: RMSNorm (with the residual add before it,
+or without), rotary, SiLU-and-multiply.
 
 Why: eager torch runs a Llama layer's elementwise work as about twenty small kernels (a norm
 alone is an upcast, the norm, a downcast and the scale). At decode batch sizes each is a few
@@ -22,15 +23,21 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, hidden, eps, BLOCK: tl.constexpr
-):
-    # one program per token row: x [hidden] -> out [hidden]
+    x_ptr, delta_ptr, sum_ptr, w_ptr, out_ptr, x_row_stride, delta_row_stride, out_row_stride,
+    hidden, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # one program per token row: x [hidden] (+ delta, stored as sum) -> out [hidden]
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < hidden
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0).to(tl.float32)
-    mean_square = tl.sum(x * x, axis=0) / hidden
     dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=inside, other=0.0)
+    if HAS_DELTA:  # the residual add, rounded to dtype as torch's add rounds it
+        delta = tl.load(delta_ptr + row * delta_row_stride + cols, mask=inside, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(dtype)
+        tl.store(sum_ptr + row * out_row_stride + cols, x, mask=inside)
+    x = x.to(tl.float32)
+    mean_square = tl.sum(x * x, axis=0) / hidden
     normed = (x * tl.rsqrt(mean_square + eps)).to(dtype).to(tl.float32)  # as the reference
     w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * out_row_stride + cols, (w * normed).to(dtype), mask=inside)
@@ -87,17 +94,39 @@ def _silu_mul_kernel(x_ptr, out_ptr, x_row_stride, width, BLOCK: tl.constexpr):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, H] (rows may be strided), weight: [H] -> weight * rms_norm(x) [T, H] in x's dtype."""
+    return _rms_norm(x, None, weight, eps)[1]
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, delta: [T, H] (rows may be strided), weight: [H] -> (x + delta, weight *
+    rms_norm(x + delta)), each [T, H] in x's dtype: a residual add and the norm after it in one
+    kernel."""
+    if delta.shape != x.shape or delta.dtype != x.dtype or delta.stride(1) != 1:
+        raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} must match x {tuple(x.shape)}")
+    total, out = _rms_norm(x, delta, weight, eps)
+    assert total is not None
+    return total, out
+
+
+def _rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     tokens, hidden = x.shape
     if x.stride(1) != 1 or weight.shape != (hidden,):
         raise ValueError(f"rms_norm: x {tuple(x.shape)} with unit column stride, weight [{hidden}]")
     out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
+    total = None if delta is None else torch.empty_like(out)
     block = triton.next_power_of_2(hidden)
     if tokens:
         _rms_norm_kernel[(tokens,)](
-            x, weight, out, x.stride(0), out.stride(0), hidden, eps,
+            x, x if delta is None else delta, out if total is None else total, weight, out,
+            x.stride(0), x.stride(0) if delta is None else delta.stride(0), out.stride(0),
+            hidden, eps, HAS_DELTA=delta is not None,
             BLOCK=block, num_warps=min(16, max(1, block // 512)),
         )  # fmt: skip
-    return out
+    return total, out
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -98,8 +98,10 @@ class LlamaLayer(StageLayer):
         qk = RotaryEmbedding.apply(qk.view(-1, nq + nkv, d), cos, sin)  # [T, nq + nkv, d]
         q, k = qk.split([nq, nkv], dim=1)  # [T, nq, d], [T, nkv, d]
         attn = attention.forward(q, k, v.view(-1, nkv, d), kv[0], kv[1], meta)  # [T, nq, d]
-        x = x + self.tp.all_reduce(self.o_proj(attn.reshape(-1, nq * d)))
-        gate_up = self.gate_up(self.post_norm(x))  # [T, 2F]
+        x, normed = self.post_norm.add_forward(
+            x, self.tp.all_reduce(self.o_proj(attn.reshape(-1, nq * d)))
+        )
+        gate_up = self.gate_up(normed)  # [T, 2F]
         return x + self.tp.all_reduce(self.down(silu_mul(gate_up)))
 
 

@@ -89,6 +89,24 @@ def test_rms_norm_within_two_rounding_steps_of_torch(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 4096), (33, 576)])
+def test_add_rms_norm_sums_as_torch_and_norms_within_two_rounding_steps(
+    dtype: torch.dtype, tokens: int, hidden: int
+) -> None:
+    norm = RMSNorm(hidden, 1e-5, DEVICE, dtype)
+    norm.weight.data.copy_(rand(hidden, dtype=dtype, seed=2))
+    x = rand(tokens, hidden, dtype=dtype, seed=hidden) * 3
+    delta = rand(tokens, hidden + 64, dtype=dtype, seed=hidden + 1)[:, :hidden]  # strided rows
+    poison_allocator()
+    total, out = norm.add_forward(x, delta)
+    expected_total, expected = reference(norm.add_forward, x, delta)
+    assert torch.equal(total, x + delta) and torch.equal(expected_total, total)
+    assert not out.isnan().any()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("tokens", "width"), [(1, 14336), (17, 1536), (4, 1000)])
 def test_silu_mul_within_two_rounding_steps_of_torch(
     dtype: torch.dtype, tokens: int, width: int

@@ -225,6 +225,9 @@ class Report:
     small_batch_kernel: bool
     fused_ops: bool
     """The fused kernels (layers/fused.py) ran the elementwise ops."""
+    decode_kernel: bool
+    """Graph-replayed decodes with torch attention attended with the Triton kernel
+    (attention/triton_decode.py)."""
     cpu_attention_kernel: bool
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
     cpu_matmul_kernel: bool
@@ -280,6 +283,8 @@ def make_report(
         small_batch_kernel=args.small_batch_kernel,
         fused_ops=fused.kernels_for(torch.empty(0, dtype=model.dtype, device=args.device))
         is not None,
+        decode_kernel=args.attention == "torch"
+        and fused.decode_attention_kernel(args.device) is not None,
         cpu_attention_kernel=not cuda
         and cpu_kernel.available()
         and cpu_kernel.takes_dtype(model.dtype),
@@ -319,6 +324,7 @@ def print_report(r: Report) -> None:
         f"{r.model} ({r.dtype}): {r.param_bytes / 1e6:.1f} MB of weights as held, on "
         f"{r.device_name} ({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
         f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}"
+        f"{' (Triton decode kernel in graphs)' if r.decode_kernel else ''}"
         f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}"
         f"{', layers as one loop over the C kernels' if r.cpu_layer_loop else ''}\n"
     )
@@ -365,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         gemv.enable()
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
     fused.set_enabled(args.fused_ops)
+    fused.set_decode_kernel_enabled(args.decode_kernel)
     cpu_matmul.set_enabled(args.cpu_matmul_kernel)
     llama_cpu_loop.set_enabled(args.cpu_layer_loop)
     model, name = load_model(args, DTYPES[args.dtype])
@@ -472,6 +479,13 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         default=True,
         help="norms, rotary and SiLU-times-up as fused kernels where they can run "
         "(--no-fused-ops: torch's own ops, to compare)",
+    )
+    p.add_argument(
+        "--decode-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA graphs with torch attention: the cache write and the decode attention as "
+        "one Triton kernel (--no-decode-kernel: torch's paged_decode, to compare)",
     )
     p.add_argument(
         "--cpu-matmul-kernel",
