@@ -9,6 +9,8 @@
 #   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
 #   bench-no-decode-kernel  the torch one again with --no-decode-kernel (torch's paged_decode
 #          in the graphs, not the Triton kernel);
+#   bench-decode-splits  its decode points again with each context split GPU_DECODE_SPLITS
+#          ways (default "2 4 8"), to find the rule by batch that the kernel lacks;
 #   profile  where a decode step's time goes, batch 1 and 32 (tools/gpu_decode_profile.py; the
 #          backends in GPU_PROFILE_ATTENTION, default "torch flashinfer");
 #   live-sarathi, live-vllm
@@ -80,9 +82,12 @@ bench() {  # bench NAME ARGS...: the stage benchmark as JSON and as a table
   python3 - "$out/$name.json" <<'PY' | tee "$out/$name.md"
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"{r['model']} on {r['device_name']}, attention={r['attention']}, fused ops {r['fused_ops']}, decode kernel {r['decode_kernel']}: copy {r['copy_bandwidth_gb_s']:.0f} GB/s, "
-      f"decode floor {r['decode_floor_ms']:.2f} ms, matmul {r['matmul_tflop_s']:.0f} TFLOP/s, "
-      f"prefill ceiling {r['prefill_ceiling_tokens_s']:,.0f} tokens/s")
+ceiling = r["prefill_ceiling_tokens_s"]
+print(f"{r['model']} on {r['device_name']}, attention={r['attention']}, fused ops {r['fused_ops']}, "
+      f"decode kernel {r['decode_kernel']} (splits {r['decode_splits'] or 'by length'}): copy "
+      f"{r['copy_bandwidth_gb_s']:.0f} GB/s, decode floor {r['decode_floor_ms']:.2f} ms"
+      + ("" if ceiling is None else f", matmul {r['matmul_tflop_s']:.0f} TFLOP/s, "
+         f"prefill ceiling {ceiling:,.0f} tokens/s"))
 for row in r["rows"]:
     g = row["graph_ms"]
     best = min(row["step_ms"], g or row["step_ms"])
@@ -101,6 +106,12 @@ if [[ $parts == *" bench-unfused "* ]]; then
 fi
 if [[ $parts == *" bench-no-decode-kernel "* ]]; then
   bench stage-torch-no-decode-kernel --attention torch --no-decode-kernel
+fi
+if [[ $parts == *" bench-decode-splits "* ]]; then
+  for splits in ${GPU_DECODE_SPLITS:-2 4 8}; do
+    bench "stage-torch-splits$splits" --attention torch --decode-splits "$splits" \
+      --prefill-chunks ''
+  done
 fi
 if [[ $parts == *" profile "* ]]; then
   # where a decode step's time goes: kernels, kernel time and wall time, fused or not

@@ -29,8 +29,24 @@ TOKENS_PER_SPLIT = 2048
 MAX_SPLITS = 16
 
 
+_forced_splits = 0
+
+
+def force_splits(splits: int) -> None:
+    """Every graph captured from now on splits each context `splits` ways (0: num_splits's rule
+    by context length). For `bench stage --decode-splits`: at batch 1 the kernel is 8 programs on
+    a 132-SM H200 (BENCHMARKS, "Third GPU session"), so the rule should weigh the batch too once
+    measured."""
+    global _forced_splits
+    if not 0 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits={splits}: 0 (the rule) to {MAX_SPLITS}")
+    _forced_splits = splits
+
+
 def num_splits(max_context_tokens: int) -> int:
     """Programs that share one sequence's context: one up to TOKENS_PER_SPLIT positions."""
+    if _forced_splits:
+        return _forced_splits
     return max(1, min(MAX_SPLITS, -(-max_context_tokens // TOKENS_PER_SPLIT)))
 
 

@@ -101,3 +101,22 @@ def test_graph_steps_take_the_kernel_and_the_switch_turns_it_off() -> None:
     finally:
         fused.set_decode_kernel_enabled(True)
     assert on._scratch is not None and off._scratch is None
+
+
+def test_forced_splits_reach_the_graphs_captured_after() -> None:
+    """`bench stage --decode-splits` splits every context as asked, and only 0 to 16 ways."""
+    from stage_worker.attention import triton_decode
+    from stage_worker.attention.base import AttentionMetadata
+    from stage_worker.cuda_graphs import StaticDecodeAttention
+
+    meta = AttentionMetadata([], torch.zeros(1), torch.zeros(1), BLOCK_SIZE, torch.bfloat16)
+    with pytest.raises(ValueError, match="splits=17"):
+        triton_decode.force_splits(17)
+    triton_decode.force_splits(4)
+    try:
+        attention = StaticDecodeAttention(1, 48, BLOCK_SIZE, "cuda")
+        attention.prepare(meta, 32, 8, 128)
+    finally:
+        triton_decode.force_splits(0)
+    assert attention._scratch is not None and attention._scratch.splits == 4
+    assert triton_decode.num_splits(48 * BLOCK_SIZE) == 1

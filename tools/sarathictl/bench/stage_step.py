@@ -228,6 +228,8 @@ class Report:
     decode_kernel: bool
     """Graph-replayed decodes with torch attention attended with the Triton kernel
     (attention/triton_decode.py)."""
+    decode_splits: int
+    """Ways the decode kernel split each context (0: its rule by context length)."""
     cpu_attention_kernel: bool
     """CPU attention ran on the C kernel (cpu_kernel.py)."""
     cpu_matmul_kernel: bool
@@ -285,6 +287,7 @@ def make_report(
         is not None,
         decode_kernel=args.attention == "torch"
         and fused.decode_attention_kernel(args.device) is not None,
+        decode_splits=args.decode_splits,
         cpu_attention_kernel=not cuda
         and cpu_kernel.available()
         and cpu_kernel.takes_dtype(model.dtype),
@@ -372,6 +375,11 @@ def run(args: argparse.Namespace) -> int:
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
     fused.set_enabled(args.fused_ops)
     fused.set_decode_kernel_enabled(args.decode_kernel)
+    decode_kernel = fused.decode_attention_kernel(args.device) if args.decode_kernel else None
+    if decode_kernel is not None:
+        decode_kernel.force_splits(args.decode_splits)
+    elif args.decode_splits:
+        raise ValueError("--decode-splits needs the decode kernel (CUDA, Triton, --decode-kernel)")
     cpu_matmul.set_enabled(args.cpu_matmul_kernel)
     llama_cpu_loop.set_enabled(args.cpu_layer_loop)
     model, name = load_model(args, DTYPES[args.dtype])
@@ -486,6 +494,13 @@ def _add_hardware_args(p: argparse.ArgumentParser) -> None:
         default=True,
         help="CUDA graphs with torch attention: the cache write and the decode attention as "
         "one Triton kernel (--no-decode-kernel: torch's paged_decode, to compare)",
+    )
+    p.add_argument(
+        "--decode-splits",
+        type=int_at_least(0),
+        default=0,
+        help="the decode kernel splits each context this many ways, at most 16 (0: by context "
+        "length, one split up to 2,048 tokens)",
     )
     p.add_argument(
         "--cpu-matmul-kernel",
