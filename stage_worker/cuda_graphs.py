@@ -116,12 +116,9 @@ class StaticDecodeAttention:
             num_q_heads, num_kv_heads, head_dim, meta.dtype or torch.float32
         ):
             if self._scratch is None:
-                batch, splits = (
-                    self.block_table.shape[0],
-                    self._kernel.num_splits(self.max_context_len),
-                )
                 self._scratch = self._kernel.DecodeScratch(
-                    batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim, splits,
+                    self.block_table.shape[0], num_kv_heads, num_q_heads // num_kv_heads,
+                    head_dim, self._kernel.num_splits(self.max_context_len),
                     self._positions.device,
                 )  # fmt: skip
             return

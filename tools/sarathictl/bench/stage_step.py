@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     cpu_kernel.set_enabled(args.cpu_attention_kernel)
     fused.set_enabled(args.fused_ops)
     fused.set_decode_kernel_enabled(args.decode_kernel)
-    decode_kernel = fused.decode_attention_kernel(args.device) if args.decode_kernel else None
+    decode_kernel = fused.decode_attention_kernel(args.device)  # None where switched off
     if decode_kernel is not None:
         decode_kernel.force_splits(args.decode_splits)
     elif args.decode_splits:
