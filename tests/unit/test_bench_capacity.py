@@ -29,6 +29,44 @@ def test_search_reports_zero_when_nothing_passes() -> None:
     assert search_capacity(lambda qps: False, min_qps=0.01).capacity_qps == 0.0
 
 
+class ProbeClock:
+    """A clock that each probe moves on by `probe_s`: a search's time, with no waiting."""
+
+    def __init__(self, capacity: float, probe_s: float) -> None:
+        self.capacity, self.probe_s, self.now = capacity, probe_s, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def passes(self, qps: float) -> bool:
+        self.now += self.probe_s
+        return qps <= self.capacity
+
+
+def test_a_time_limit_ends_the_search_with_the_bracket_found() -> None:
+    clock = ProbeClock(capacity=3.7, probe_s=10.0)
+    result = search_capacity(clock.passes, 1.0, 0.025, time_limit_s=45.0, clock=clock)
+    # 1 and 2 pass, 4 fails, 3 passes; a fifth probe would end at 50 s, past the limit.
+    assert result.probes == [(1.0, True), (2.0, True), (4.0, False), (3.0, True)]
+    assert (result.capacity_qps, result.upper_qps, result.converged) == (3.0, 4.0, False)
+
+
+def test_a_search_within_its_time_limit_converges() -> None:
+    clock = ProbeClock(capacity=3.7, probe_s=10.0)
+    unlimited = search_capacity(clock.passes, 1.0, 0.025)
+    clock.now = 0.0
+    limited = search_capacity(clock.passes, 1.0, 0.025, time_limit_s=1e4, clock=clock)
+    assert limited == unlimited
+    assert limited.converged
+
+
+def test_a_search_out_of_time_before_any_pass_reads_zero() -> None:
+    clock = ProbeClock(capacity=0.1, probe_s=10.0)
+    result = search_capacity(clock.passes, 1.0, time_limit_s=15.0, clock=clock)
+    assert result.probes == [(1.0, False)]
+    assert (result.capacity_qps, result.upper_qps, result.converged) == (0.0, 1.0, False)
+
+
 class FixedStepTime:
     """A one-stage executor that serves one request per step_s: capacity 1 / step_s."""
 
