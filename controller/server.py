@@ -141,6 +141,7 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             idle_budget_tokens=sched.config.idle_budget_tokens,
             num_waiting=sched.num_waiting,
             num_running=sched.num_running,
+            num_unscheduled=sched.num_unscheduled,
             kv_usage_pct=100.0 * sched.kv_usage,
             num_preemptions=sched.num_preemptions,
             pipeline_depth=pipeline.parallel.pp,

@@ -553,6 +553,14 @@ class Scheduler:
         return len(self.running)
 
     @property
+    def num_unscheduled(self) -> int:
+        """Sequences no micro-batch has held yet: queued, or admitted before their first chunk
+        (a decoding sequence has been scheduled, so only the others are looked at)."""
+        queued = sum(1 for seq in self.waiting if seq.first_scheduled_time is None)
+        admitted = sum(1 for seq in self.not_decoding.values() if seq.first_scheduled_time is None)
+        return queued + admitted
+
+    @property
     def num_inflight_batches(self) -> int:
         return len(self._inflight)
 

@@ -12,7 +12,7 @@ from controller.scheduler import (
     SamplingParams,
     SchedulerConfig,
 )
-from tests.unit.scheduler.factories import add_request, create_scheduler
+from tests.unit.scheduler.factories import FakePipeline, add_request, create_scheduler
 
 
 @pytest.mark.parametrize(
@@ -111,3 +111,29 @@ def test_bad_sampling_params_name_the_field(kwargs: dict[str, float], field: str
     with pytest.raises(InvalidRequestError) as err:
         SamplingParams(**kwargs)  # type: ignore[arg-type]
     assert err.value.field == field
+
+
+def test_unscheduled_counts_the_queued_and_the_admitted_before_their_first_chunk() -> None:
+    """Status.num_unscheduled: each such sequence's scheduling delay is still growing (a live
+    capacity probe stops on it, tools/sarathictl/bench/probe_verdict.py)."""
+    sched = create_scheduler(budget_tokens=64, max_num_seqs=8)
+    for seq_id in (1, 2, 3):
+        add_request(sched, seq_id, prompt_len=100, max_tokens=2)
+    assert sched.num_unscheduled == 3
+    pipe = FakePipeline(sched)
+    pipe.fill()  # 1's first 64 tokens
+    assert sched.num_unscheduled == 2
+    pipe.complete_oldest()
+    pipe.fill()  # 1's last 36 and 2's first 28: only 3 is left
+    assert sched.num_unscheduled == 1
+    # A request with n = 2: its second sequence is admitted (holding KV blocks) as soon as the
+    # first's prompt is scheduled whole, one micro-batch before it is scheduled itself.
+    sched = create_scheduler(budget_tokens=64)
+    params = [RequestParams(max_tokens=2, sampling=SamplingParams(seed=s)) for s in (1, 2)]
+    sched.add_request_group([10, 11], list(range(5)), params, 0.0)
+    pipe = FakePipeline(sched)
+    pipe.fill()  # 10's prompt; 11 forks from it
+    assert (sched.num_waiting, sched.num_running, sched.num_unscheduled) == (0, 2, 1)
+    pipe.complete_oldest()
+    pipe.fill()  # 11's last prompt token
+    assert sched.num_unscheduled == 0
