@@ -51,6 +51,14 @@ def test_a_probe_line_says_rate_measurements_and_which_bound_a_miss_breaks() -> 
     assert line.endswith(
         "misses SLO (P99 TBT over 0.5 s, median delay over 2 s, stopped early); took under 0.1 s"
     )
+    # A live probe stopped once its miss was certain: its figures are of the requests done by
+    # then (none here), so the line gives what settled it, not what they say.
+    why = "median delay over 2 s for sure"
+    cut = ProbeResult(0.5, False, math.nan, math.nan, True, why, index=1, wall_s=13.8)
+    assert probe_line("sarathi", cut, tbt_slo_s=1.4) == (
+        "[sarathi] probe 1: 0.5 req/s -> P99 TBT n/a, median delay n/a (of the requests done "
+        "when it stopped): misses SLO (stopped early: median delay over 2 s for sure); took 13.8 s"
+    )
 
 
 def test_capacity_json_prints_one_line_per_probe_on_stderr(
@@ -146,7 +154,7 @@ def test_live_capacity_json_prints_one_line_per_probe(
         def __exit__(self, *exc: object) -> None:
             pass
 
-    async def replay(addr: str, requests: list[SimRequest]) -> LiveRun:
+    async def replay(addr: str, requests: list[SimRequest], **_: object) -> LiveRun:
         qps = len(requests) / max(requests[-1].arrival_s, 1e-9)
         records = [
             LiveRecord(r.arrival_s, r.arrival_s + 0.1, r.arrival_s + 1, 0.01, 8, 4, [0.05 * qps])

@@ -36,8 +36,12 @@ def probe_line(
     measured = (
         f"P99 TBT {seconds(probe.tbt_p99_s)}, median delay {seconds(probe.scheduling_delay_p50_s)}"
     )
+    if probe.why_stopped:
+        measured += " (of the requests done when it stopped)"
     if probe.passed:
         verdict = "meets SLO"
+    elif probe.why_stopped:  # its figures are partial: what settled it says why
+        verdict = f"misses SLO (stopped early: {probe.why_stopped})"
     else:
         why = []
         if not probe.tbt_p99_s <= tbt_slo_s:  # NaN included
