@@ -108,3 +108,50 @@ def test_a_small_sarathi_budget_caps_the_running_sequences_instead_of_failing(
     assert with_budget(base, 64).max_num_seqs == 64  # sarathi: every decode fits a micro-batch
     vllm = with_budget(LocalClusterConfig(model_dir=model, policy="vllm", max_num_seqs=128), 64)
     assert (vllm.budget_tokens, vllm.max_num_seqs) == (64, 128)
+
+
+def test_warmup_serves_the_longest_and_shortest_prompts_within_their_own_lengths() -> None:
+    from sarathictl.bench.live_capacity import WARMUP_OUTPUT_TOKENS, warmup_requests
+
+    requests = [SimRequest(1.0, 500, 3), SimRequest(2.0, 40, 200), SimRequest(3.0, 900, 100)]
+    assert warmup_requests(requests) == [
+        SimRequest(0.0, 900, WARMUP_OUTPUT_TOKENS),
+        SimRequest(0.0, 40, WARMUP_OUTPUT_TOKENS),
+    ]
+    assert warmup_requests([SimRequest(0.0, 8, 3)]) == [SimRequest(0.0, 8, 3)] * 2
+
+
+def test_the_strict_slo_is_measured_on_the_first_policys_cluster_where_it_is_that_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sarathictl.bench import live_capacity
+    from sarathictl.local_cluster import LocalClusterConfig
+
+    started: list[object] = []
+
+    class StandIn:
+        def __init__(self, config: LocalClusterConfig) -> None:
+            self.config = config
+            started.append(config)
+
+        def __enter__(self) -> StandIn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(live_capacity, "LocalCluster", StandIn)
+    monkeypatch.setattr(live_capacity, "decode_step_s", lambda cluster: 0.02)
+    (tmp_path / "config.json").write_text("{}")
+    chunked = LocalClusterConfig(model_dir=str(tmp_path), pp=1, budget_tokens=512)
+    whole = LocalClusterConfig(model_dir=str(tmp_path), pp=1, policy="vllm", budget_tokens=8192)
+
+    slo = live_capacity.TbtSlo("strict", chunked)
+    assert slo.on(StandIn(chunked)) == pytest.approx(0.1)  # 5x the step, on that cluster
+    assert slo.on(StandIn(whole)) == pytest.approx(0.1)  # known: not measured again
+    assert started == [chunked, whole]  # the two stand-ins above, no cluster of its own
+
+    slo = live_capacity.TbtSlo("relaxed", chunked)
+    assert slo.on(StandIn(whole)) == pytest.approx(0.5)  # 25x, on a cluster started for it
+    assert started[2:] == [whole, chunked]
+    assert live_capacity.TbtSlo(0.25, chunked).on(StandIn(whole)) == 0.25

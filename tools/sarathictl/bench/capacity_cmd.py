@@ -127,6 +127,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="replay only the requests arriving in this many seconds (at least 8 requests; 0: all)",
     )
     live.add_argument(
+        "--search-time-s",
+        type=float_at_least(0.0),
+        default=0.0,
+        help="end each policy's search before a probe that would end past this many seconds "
+        "of it (the longest probe so far as the guess) and report the bracket found, marked "
+        "not converged: for a run with a deadline (0: no limit)",
+    )
+    live.add_argument(
         "--saturation-qps",
         type=float_at_least(0.0),
         default=0.0,

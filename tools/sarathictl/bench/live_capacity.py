@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.bench.capacity import CapacityResult, ProbeCallback, ProbeResult, search_capacity
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.metrics import ServingMetrics
-from sarathictl.bench.progress import probe_printer, rate, say
+from sarathictl.bench.probe_verdict import ProbeBounds
+from sarathictl.bench.progress import probe_line, rate, say
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
 
@@ -39,6 +41,11 @@ class PolicyCapacity:
     saturated: ServingMetrics | None = None
     """Metrics of one run at the saturating rate (every policy the same), if asked for: at
     capacity a CPU pipeline holds few requests, so its idle stages say little about balance."""
+    upper_qps: float = math.inf
+    """Lowest rate seen to fail (inf where none failed)."""
+    converged: bool = True
+    """False when the search ran out of --search-time-s: the capacity is in [capacity_qps,
+    upper_qps], wider than --granularity."""
 
 
 def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
@@ -55,28 +62,39 @@ def measure_policy(
     policy: str,
     budget_tokens: int,
     make_requests: Callable[[float], list[SimRequest]],
-    tbt_slo_s: float,
+    slo: TbtSlo,
     initial_qps: float,
     granularity: float,
     saturation_qps: float = 0.0,
     on_probe: ProbeCallback | None = None,
-    on_ready: Callable[[], None] | None = None,
+    on_ready: Callable[[float], None] | None = None,
+    search_time_s: float = 0.0,
 ) -> PolicyCapacity:
-    """on_ready() once the policy's cluster serves; on_probe after each probe."""
+    """on_ready(P99 TBT bound in seconds) once the policy's cluster serves and the bound is
+    known; on_probe after each probe; search_time_s (0: none) ends the search before a probe
+    that would end past that many seconds of it (capacity.py)."""
     config = with_budget(replace(base, policy=policy), budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
     with LocalCluster(config) as cluster:
+        tbt_slo_s = slo.on(cluster)
+        asyncio.run(replay(cluster.addr, warmup_requests(make_requests(initial_qps))))
         if on_ready is not None:
-            on_ready()
+            on_ready(tbt_slo_s)
 
         def passes(qps: float) -> ProbeResult:
-            run = asyncio.run(replay(cluster.addr, make_requests(qps)))
+            bounds = ProbeBounds(tbt_slo_s)
+            run = asyncio.run(replay(cluster.addr, make_requests(qps), bounds=bounds))
             metrics = run.metrics()
             ok = metrics.meets(tbt_slo_s)
             if ok:
                 best[qps] = (metrics, run.controller_share_of_step)
             return ProbeResult(
-                qps, ok, metrics.tbt_p99_s, metrics.scheduling_delay_p50_s, metrics.stopped_early
+                qps,
+                ok,
+                metrics.tbt_p99_s,
+                metrics.scheduling_delay_p50_s,
+                metrics.stopped_early,
+                why_stopped=run.stop_reason,
             )
 
         result: CapacityResult = search_capacity(
@@ -85,13 +103,22 @@ def measure_policy(
             granularity,
             min_qps=initial_qps * MIN_QPS_FRACTION,
             on_probe=on_probe,
+            time_limit_s=search_time_s,
         )
         saturated = None
         if saturation_qps > 0:
             saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
     at_capacity, share = best.get(result.capacity_qps, (None, None))
     return PolicyCapacity(
-        policy, budget_tokens, result.capacity_qps, result.probes, at_capacity, share, saturated
+        policy,
+        budget_tokens,
+        result.capacity_qps,
+        result.probes,
+        at_capacity,
+        share,
+        saturated,
+        result.upper_qps,
+        result.converged,
     )
 
 
@@ -99,6 +126,21 @@ SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
 MIN_PROBE_REQUESTS = 8
 MIN_QPS_FRACTION = 1 / 32
 """The search stops halving below initial_qps times this (capacity then reads 0)."""
+
+
+WARMUP_OUTPUT_TOKENS = 16
+
+
+def warmup_requests(requests: list[SimRequest]) -> list[SimRequest]:
+    """What a policy's cluster serves before its first probe: the workload's longest prompt and
+    its shortest, together, up to 16 tokens each (no more than their own, so they stay within
+    the model's length). First uses cost extra (kernels compiled for a shape, the allocator
+    growing), and in a probe they would land in its P99 TBT."""
+    by_prompt = sorted(requests, key=lambda r: r.num_prompt_tokens)
+    return [
+        SimRequest(0.0, r.num_prompt_tokens, min(r.num_output_tokens, WARMUP_OUTPUT_TOKENS))
+        for r in (by_prompt[-1], by_prompt[0])
+    ]
 
 
 def cap_probe(requests: list[SimRequest], max_probe_s: float) -> list[SimRequest]:
@@ -131,13 +173,13 @@ def run_local(args: argparse.Namespace) -> int:
         return cap_probe(requests, args.max_probe_s)
 
     started = time.perf_counter()
-    tbt_slo_s, decode_s = tbt_slo_s_from_args(args, base)
+    slo = TbtSlo(args.tbt_slo, with_budget(base, args.budget))
     longest_tokens = longest_request_tokens(requests_at(1.0))
     results = []
     for policy in policies:
         budget = policy_budget_tokens(policy, args.budget, longest_tokens)
-        results.append(search_policy_capacity(args, base, policy, budget, requests_at, tbt_slo_s))
-    report = live_report(base, tbt_slo_s, decode_s, results, time.perf_counter() - started)
+        results.append(search_policy_capacity(args, base, policy, budget, requests_at, slo))
+    report = live_report(base, slo.seconds, slo.decode_s, results, time.perf_counter() - started)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -147,7 +189,9 @@ def run_local(args: argparse.Namespace) -> int:
 
 def base_config(args: argparse.Namespace) -> LocalClusterConfig:
     """The cluster every policy starts from (policy and budget are set per policy), on a free
-    port (0) rather than the default 50051."""
+    port (0) rather than the default 50051. Without prefix caching: every probe replays the same
+    prompts (one seed, so that rates differ only in their arrivals), which a cache would serve
+    from the probe before (the paper's capacity has no cache; these prompts share nothing)."""
     from sarathictl.commands.up import resolve_model
 
     return LocalClusterConfig(
@@ -159,25 +203,45 @@ def base_config(args: argparse.Namespace) -> LocalClusterConfig:
         max_num_seqs=args.max_num_seqs,
         device=args.device,
         dtype="float32" if args.device == "cpu" else "bfloat16",
+        prefix_caching=False,
     )
 
 
-def tbt_slo_s_from_args(
-    args: argparse.Namespace, base: LocalClusterConfig
-) -> tuple[float, float | None]:
-    """(P99 TBT SLO in seconds, measured decode step in seconds or None). `strict` and `relaxed`
-    are multiples of this machine's decode step, so a cluster is started to measure it first."""
-    if args.tbt_slo not in SLO_FACTORS:
-        return float(args.tbt_slo), None
-    say("[live] starting a cluster to measure the decode step of a batch of 32")
-    with LocalCluster(with_budget(base, args.budget)) as cluster:
-        decode_s = decode_step_s(cluster)
-    tbt_slo_s = SLO_FACTORS[args.tbt_slo] * decode_s
-    say(
-        f"[live] decode step {decode_s:.3g} s: {args.tbt_slo} SLO is P99 TBT <= "
-        f"{tbt_slo_s:.3g} s ({SLO_FACTORS[args.tbt_slo]:g}x)"
-    )
-    return tbt_slo_s, decode_s
+class TbtSlo:
+    """The P99 TBT bound every policy's search is held to: --tbt-slo seconds, or `strict` or
+    `relaxed`: that multiple of the decode step of a batch of 32 (the paper's rule), measured
+    once on `config` (the chunked policy at --budget). Where the first policy's cluster is that
+    one, the step is measured there once it serves, not on a cluster started for it alone (a
+    7B model's load and graph capture, on a GPU lent by the minute)."""
+
+    def __init__(self, tbt_slo: float | str, config: LocalClusterConfig) -> None:
+        self.factor = SLO_FACTORS.get(str(tbt_slo))
+        self.name = str(tbt_slo)
+        self.config = config
+        self.seconds = math.nan if self.factor else float(tbt_slo)
+        self.decode_s: float | None = None
+        """The measured decode step (None: not measured, --tbt-slo gave seconds)."""
+
+    def on(self, cluster: LocalCluster) -> float:
+        """The bound in seconds, measured on `cluster` if it is not known yet and the cluster
+        is the one to measure on, else on a cluster started for it."""
+        if math.isnan(self.seconds):
+            if cluster.config == self.config:
+                self._measure(cluster)
+            else:
+                say("[live] starting a cluster to measure the decode step of a batch of 32")
+                with LocalCluster(self.config) as own:
+                    self._measure(own)
+        return self.seconds
+
+    def _measure(self, cluster: LocalCluster) -> None:
+        assert self.factor is not None
+        self.decode_s = decode_step_s(cluster)
+        self.seconds = self.factor * self.decode_s
+        say(
+            f"[live] decode step {self.decode_s:.3g} s: {self.name} SLO is P99 TBT <= "
+            f"{self.seconds:.3g} s ({self.factor:g}x)"
+        )
 
 
 def longest_request_tokens(requests: list[SimRequest]) -> int:
@@ -200,14 +264,14 @@ def search_policy_capacity(
     policy: str,
     budget_tokens: int,
     requests_at: Callable[[float], list[SimRequest]],
-    tbt_slo_s: float,
+    slo: TbtSlo,
 ) -> PolicyCapacity:
     """measure_policy with its progress on stderr: when the cluster serves, each probe, the
     capacity found and, with --saturation-qps, the saturated run's bubbles."""
     say(f"[{policy}] starting a local cluster (budget {budget_tokens} tokens)")
     policy_started = time.perf_counter()
 
-    def ready() -> None:
+    def ready(tbt_slo_s: float) -> None:
         say(
             f"[{policy}] serving after {time.perf_counter() - policy_started:.1f} s; "
             f"searching from {rate(args.initial_qps)}, P99 TBT <= {tbt_slo_s:.3g} s"
@@ -218,16 +282,22 @@ def search_policy_capacity(
         policy,
         budget_tokens,
         requests_at,
-        tbt_slo_s,
+        slo,
         args.initial_qps,
         args.granularity,
         args.saturation_qps,
-        on_probe=probe_printer(policy, tbt_slo_s),
+        on_probe=lambda probe: say(probe_line(policy, probe, slo.seconds)),
         on_ready=ready,
+        search_time_s=args.search_time_s,
+    )
+    unsure = (
+        ""
+        if result.converged
+        else f", not converged: under {rate(result.upper_qps)}, --search-time-s ran out"
     )
     say(
         f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
-        f"({time.perf_counter() - policy_started:.0f} s)"
+        f"({time.perf_counter() - policy_started:.0f} s{unsure})"
     )
     if result.saturated is not None:
         s = result.saturated
@@ -267,6 +337,8 @@ def result_row(r: PolicyCapacity, reference: PolicyCapacity | None) -> dict[str,
         "policy": r.policy,
         "budget_tokens": r.budget_tokens,
         "capacity_qps": r.capacity_qps,
+        "upper_qps": r.upper_qps if math.isfinite(r.upper_qps) else None,
+        "converged": r.converged,
         "ratio_to_vllm": (r.capacity_qps / reference.capacity_qps)
         if reference and reference.capacity_qps
         else None,
@@ -300,4 +372,5 @@ def print_live_report(report: dict[str, Any], results: list[PolicyCapacity]) -> 
             f"  {f'{ratio:.2f}x vllm' if isinstance(ratio, float) else '-':>12}"
             f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
             f" (steady {f'{steady:.0%}' if isinstance(steady, float) else '-'}){saturated}"
+            + ("" if r.converged else f"  not converged: under {rate(r.upper_qps)}")
         )

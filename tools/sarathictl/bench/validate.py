@@ -155,9 +155,12 @@ def calibrate_on_live(
 
 
 def cluster_config(args: argparse.Namespace, policy: str, step_log: Path) -> LocalClusterConfig:
+    """Without prefix caching: the repeats and the calibration replay the same prompts, which a
+    cache would serve from the run before, while the simulated runs they are held against share
+    nothing."""
     return LocalClusterConfig(
         model_dir=args.model, pp=args.pp, port=0, threads_per_worker=1, policy=policy,
-        extra_controller_args=("--step-log", str(step_log)),
+        extra_controller_args=("--step-log", str(step_log)), prefix_caching=False,
     )  # fmt: skip
 
 
