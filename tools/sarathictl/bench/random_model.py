@@ -150,10 +150,14 @@ def shape_config(shape: str) -> dict[str, object]:
     return cfg
 
 
-def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype, seed: int = 0) -> Path:
+def write_random_llama(
+    model_dir: Path, shape: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu"
+) -> Path:
     """config.json, model.safetensors (N(0, 0.02) matrices in dtype, norms 1) and, where the
     vocabulary holds it, a byte-level tokenizer of a Llama shape. Mistral-7B's takes 14.5 GB
-    in bfloat16, held in memory whole before it is written."""
+    in bfloat16, held in memory whole before it is written. `device` draws the numbers (a
+    GPU's generator draws Mistral-7B's 7.2 G in well under a second where one CPU core takes a
+    minute or more; the values differ from the CPU's)."""
     import torch
     from safetensors.torch import save_file
 
@@ -162,10 +166,10 @@ def write_random_llama(model_dir: Path, shape: str, dtype: torch.dtype, seed: in
     heads, kv = int(shape_cfg["num_attention_heads"]), int(shape_cfg["num_key_value_heads"])
     vocab, num_layers = int(shape_cfg["vocab_size"]), int(shape_cfg["num_hidden_layers"])
     d = h // heads
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*size: int) -> torch.Tensor:
-        return (torch.randn(*size, generator=gen) * 0.02).to(dtype)
+        return (torch.randn(*size, generator=gen, device=device) * 0.02).to(dtype).cpu()
 
     tensors = {"model.embed_tokens.weight": rand(vocab, h)}
     tensors["model.norm.weight"] = torch.ones(h, dtype=dtype)
