@@ -33,6 +33,10 @@
 # /tmp/gpu_check_model, 14.5 GB), and keep the strict SLO the first of them measured there, so
 # that both policies are held to the same one. GPU_CHECK_DEVICE (default cuda) and
 # GPU_CHECK_SHAPE (default mistral-7b) let them run on the CPU with a small shape as a dry run;
+# GPU_LIVE_SEARCH_S (default 300) bounds each policy's search (`--search-time-s`: the JSON then
+# has the bracket found, marked not converged, where the search needed longer); a probe past
+# capacity stops once its miss is certain, and the first policy's cluster measures the strict
+# SLO, so a lease holds both parts: about 430 s with the model's writing, then about 330 s.
 # GPU_LIVE_ARGS is appended to their `bench capacity` command (the last of a repeated flag wins),
 # GPU_BENCH_ARGS to the stage benchmarks' (e.g. --repeats 20); GPU_BENCH_ATTENTION (default
 # "torch flashinfer") picks the backends the bench part times.
@@ -129,7 +133,8 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   local policy=$1 pp=$2 model=${GPU_CHECK_MODEL_DIR:-/tmp/gpu_check_model}
   local name=live-pp$2-$1
   if [ ! -f "$model/config.json" ]; then
-    "${sarathictl[@]}" model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" || { status=1; return; }
+    "${sarathictl[@]}" model random-llama "$model" --shape "${GPU_CHECK_SHAPE:-mistral-7b}" \
+      --device "${GPU_CHECK_DEVICE:-cuda}" || { status=1; return; }
   fi
   # The strict SLO: 5x the decode step of a batch of 32, measured by the first live part.
   local slo_file=$model/strict_tbt_slo_s slo=strict
@@ -137,10 +142,13 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   # The paper's strict-SLO setting for Mistral-7B: budget 512; prompts and outputs within the
   # model's 8192 positions.
   # shellcheck disable=SC2086  # GPU_LIVE_ARGS is a list of flags
+  # --search-time-s ends the search with the bracket it has (converged false in the JSON)
+  # before the timeout would end it with nothing: 300 s a policy fits both in one lease.
   timeout "${GPU_LIVE_TIMEOUT_S:-540}" "${sarathictl[@]}" bench capacity --local \
     --device "${GPU_CHECK_DEVICE:-cuda}" --model "$model" --pp "$pp" --policies "$policy" \
     --tbt-slo "$slo" --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
-    --max-probe-s 30 --granularity 0.1 ${GPU_LIVE_ARGS:-} --json \
+    --max-probe-s 30 --granularity 0.1 --search-time-s "${GPU_LIVE_SEARCH_S:-300}" \
+    ${GPU_LIVE_ARGS:-} --json \
     >"$out/$name.json" 2> >(tee "$out/$name.log" >&2) || { status=1; return; }
   if [ "$slo" = strict ]; then
     python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["tbt_slo_s"])' \
