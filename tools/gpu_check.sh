@@ -36,7 +36,8 @@
 # GPU_LIVE_SEARCH_S (default 300) bounds each policy's search (`--search-time-s`: the JSON then
 # has the bracket found, marked not converged, where the search needed longer); a probe past
 # capacity stops once its miss is certain, and the first policy's cluster measures the strict
-# SLO, so a lease holds both parts: about 430 s with the model's writing, then about 330 s.
+# SLO. So the two parts should fit one 15-minute lease, one call each (not yet timed on a GPU:
+# the searches' 300 s each, plus the model's writing and each cluster's start, a minute or two).
 # GPU_LIVE_ARGS is appended to their `bench capacity` command (the last of a repeated flag wins),
 # GPU_BENCH_ARGS to the stage benchmarks' (e.g. --repeats 20); GPU_BENCH_ATTENTION (default
 # "torch flashinfer") picks the backends the bench part times.
