@@ -47,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 # How often an idle worker tells the controller it is alive.
 IDLE_HEARTBEAT_S = 1.0
+# How often a stepping worker does (`alive`, from a thread): a step answers nothing until it
+# ends, and one longer than the controller's heartbeat timeout (5 s by default; a whole prompt
+# of a thousand tokens on a CPU thread takes longer) would count the worker down mid-step.
+STEPPING_KEEPALIVE_S = 0.25
 
 
 class _LogTag(logging.Filter):
@@ -182,7 +186,12 @@ class StageWorker:
         self._next_controller = next_controller
         self._changed = threading.Event()
         self._controller_addr = config.controller
+        # ZeroMQ sockets are not thread-safe: the keepalive thread takes the lock to send.
+        self._sock_lock = threading.Lock()
         self._sock = self._connect(config.controller)
+        self._last_sent_s = time.monotonic()
+        self._stepping = threading.Event()
+        self._stop_keepalive = threading.Event()
         self._model: StageModel | None = None
         """The loaded stage, kept across controllers (TP=1: nothing in it names a group)."""
         self._start_s = time.monotonic()
@@ -228,12 +237,16 @@ class StageWorker:
             raise ControllerChanged
 
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
-        self._sock.send(msg.SerializeToString())
+        data = msg.SerializeToString()
+        with self._sock_lock:
+            self._sock.send(data)
+            self._last_sent_s = time.monotonic()
 
     def _recv(self, timeout_s: float | None = None) -> stage_pb2.ControllerMessage | None:
-        if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
-            return None
-        data = self._sock.recv()
+        with self._sock_lock:
+            if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
+                return None
+            data = self._sock.recv()
         self._received_at = clock()
         msg = stage_pb2.ControllerMessage()
         msg.ParseFromString(data)
@@ -256,6 +269,26 @@ class StageWorker:
                 )
             )
         )
+
+    def _alive_while_stepping(self) -> None:
+        """The keepalive thread: while a step runs, `alive` once nothing has gone out for
+        STEPPING_KEEPALIVE_S. It never waits for the socket: between steps the main thread
+        answers the controller itself."""
+        alive = stage_pb2.WorkerMessage(alive=True).SerializeToString()
+        while not self._stop_keepalive.wait(STEPPING_KEEPALIVE_S):
+            if not self._stepping.is_set():
+                continue
+            if time.monotonic() - self._last_sent_s < STEPPING_KEEPALIVE_S:
+                continue
+            if not self._sock_lock.acquire(blocking=False):
+                continue
+            try:
+                self._sock.send(alive, zmq.NOBLOCK)
+                self._last_sent_s = time.monotonic()
+            except zmq.ZMQError:  # the queue to a cut link is full: its silence is the news
+                pass
+            finally:
+                self._sock_lock.release()
 
     # ---- start-up --------------------------------------------------------------------------
     def _handshake(self) -> stage_pb2.WorkerAssignment:
@@ -314,17 +347,26 @@ class StageWorker:
         fused.set_enabled(cfg.fused_ops)
         cpu_matmul.set_enabled(cfg.cpu_matmul_kernel)
         llama_cpu_loop.set_enabled(cfg.cpu_layer_loop)
-        while True:
-            try:
-                return self._join_and_serve()
-            except ControllerChanged:
-                pass  # out of the handler first: its traceback holds the old KV cache
-            self._rejoin()
+        keepalive = threading.Thread(
+            target=self._alive_while_stepping, name="keepalive", daemon=True
+        )
+        keepalive.start()
+        try:
+            while True:
+                try:
+                    return self._join_and_serve()
+                except ControllerChanged:
+                    pass  # out of the handler first: its traceback holds the old KV cache
+                self._rejoin()
+        finally:
+            self._stop_keepalive.set()
+            keepalive.join()
 
     def _rejoin(self) -> None:
         """Leaves the old controller's socket and connects to the one that took over."""
         assert self._next_controller is not None
-        self._sock.close(linger=0)
+        with self._sock_lock:
+            self._sock.close(linger=0)
         if self.config.device.startswith("cuda"):
             torch.cuda.empty_cache()  # the old KV cache's memory, for the new one to measure
         addr = self._next_controller(max(30.0, 3 * self.config.controller_timeout_s))
@@ -332,7 +374,8 @@ class StageWorker:
         self._changed.clear()
         logger.info("joining the controller at %s", addr)
         self._controller_addr = addr
-        self._sock = self._connect(addr)
+        with self._sock_lock:
+            self._sock = self._connect(addr)
 
     def _join_and_serve(self) -> int:
         """Hello, assignment, torch.distributed, weights, KV cache, then serving until the
@@ -542,7 +585,11 @@ class StageWorker:
             if not msg.HasField("plan"):
                 logger.warning("ignoring %s while serving", msg.WhichOneof("body"))
                 continue
-            self._run_plan(runner, links, msg.plan)
+            self._stepping.set()
+            try:
+                self._run_plan(runner, links, msg.plan)
+            finally:
+                self._stepping.clear()
 
     def _run_plan(
         self, runner: StageRunner, links: PipelineLinks, plan: stage_pb2.StepPlan

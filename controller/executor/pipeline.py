@@ -324,6 +324,8 @@ class PipelineExecutor:
                 await self._on_hello(identity, msg.hello)  # a Reject when every place is taken
             elif kind == "ready":
                 await self._on_ready(identity, msg.ready)
+            elif kind == "alive":
+                pass  # a worker mid-step: being heard from (last_seen_s above) is the message
             else:
                 log.warning("unexpected %s from %s", kind, info and info.worker_id)
 

@@ -229,16 +229,18 @@ class StepPhases(_message.Message):
     def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., step_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., recv_wait_s: _Optional[float] = ..., linear_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., forward_other_s: _Optional[float] = ..., logits_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., send_s: _Optional[float] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ready", "result", "heartbeat")
+    __slots__ = ("hello", "ready", "result", "heartbeat", "alive")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
     hello: WorkerHello
     ready: WorkerReady
     result: StepResult
     heartbeat: Heartbeat
-    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    alive: bool
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class Reject(_message.Message):
     __slots__ = ("reason",)

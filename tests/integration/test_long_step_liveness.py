@@ -1,0 +1,41 @@
+"""A step longer than the controller's heartbeat timeout is not a dead worker: while it steps,
+the worker says it lives from a thread (`alive`), so a whole prompt that takes seconds on a CPU
+thread completes instead of taking the pipeline down mid-step."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sarathi_proto import generate_pb2
+from sarathictl.bench.random_model import write_random_llama
+from sarathictl.client import Client
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT_TIMEOUT_S = 1.0
+PROMPT_TOKENS = 1500  # one step of the vllm policy: seconds on one CPU thread
+
+
+def test_a_whole_prompt_step_past_the_heartbeat_timeout_completes(tmp_path: Path) -> None:
+    model_dir = write_random_llama(tmp_path / "smollm2", "smollm2-135m", torch.bfloat16)
+    config = LocalClusterConfig(
+        model_dir=str(model_dir), pp=1, policy="vllm", budget_tokens=2048, port=0,
+        threads_per_worker=1, prefix_caching=False, log_dir=str(tmp_path / "logs"),
+        extra_controller_args=("--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)),
+    )  # fmt: skip
+    request = generate_pb2.GenerateRequest(
+        prompt_token_ids=[5 + i % 200 for i in range(PROMPT_TOKENS)], max_tokens=2, ignore_eos=True
+    )
+    with LocalCluster(config) as cluster, Client(cluster.addr) as client:
+        started = time.monotonic()
+        responses = list(client.generate(request, timeout_s=120))
+        ttft_s = responses[-1].ttft_s
+        assert sum(len(r.token_ids) for r in responses) == 2
+        assert client.status().serving
+    assert ttft_s > 2 * HEARTBEAT_TIMEOUT_S, f"a {ttft_s:.2f} s step proves nothing here"
+    log = (tmp_path / "logs" / "controller.log").read_text()
+    assert "pipeline down" not in log, f"{time.monotonic() - started:.1f} s; {log[-2000:]}"
