@@ -4,6 +4,7 @@ cancelled, the controller lets them go, and the next probe starts on an empty cl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 from sarathictl.bench.live_load import replay
@@ -26,7 +27,7 @@ def burst() -> list[SimRequest]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
     config = LocalClusterConfig(
         model_dir=str(model_dir), pp=1, budget_tokens=32, max_num_seqs=4, port=0,
