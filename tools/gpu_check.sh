@@ -144,7 +144,7 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
   # model's 8192 positions.
   # shellcheck disable=SC2086  # GPU_LIVE_ARGS is a list of flags
   # --search-time-s ends the search with the bracket it has (converged false in the JSON)
-  # before the timeout would end it with nothing: 300 s a policy fits both in one lease.
+  # before the timeout would end it with nothing (300 s a policy: both should fit one lease).
   timeout "${GPU_LIVE_TIMEOUT_S:-540}" "${sarathictl[@]}" bench capacity --local \
     --device "${GPU_CHECK_DEVICE:-cuda}" --model "$model" --pp "$pp" --policies "$policy" \
     --tbt-slo "$slo" --budget 512 --trace arxiv --max-total-tokens 8192 --num-requests 128 \
