@@ -136,8 +136,8 @@ WARMUP_OUTPUT_TOKENS = 16
 def warmup_requests(requests: list[SimRequest]) -> list[SimRequest]:
     """What a policy's cluster serves before its first probe: the longest and the shortest
     prompt of `requests` (the first probe's), together, up to 16 tokens each (no more than their
-    own, so they stay within the model's length). First uses cost extra (kernels compiled for a shape, the allocator
-    growing), and in a probe they would land in its P99 TBT."""
+    own, so they stay within the model's length). First uses cost extra (kernels compiled for a
+    shape, the allocator growing), and in a probe they would land in its P99 TBT."""
     by_prompt = sorted(requests, key=lambda r: r.num_prompt_tokens)
     return [
         SimRequest(0.0, r.num_prompt_tokens, min(r.num_output_tokens, WARMUP_OUTPUT_TOKENS))
