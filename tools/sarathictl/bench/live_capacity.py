@@ -32,8 +32,8 @@ from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
 class PolicyCapacity:
     policy: str
     budget_tokens: int
-    capacity_qps: float
-    probes: list[tuple[float, bool]]
+    search: CapacityResult
+    """The capacity found, the probes, and whether --search-time-s cut the search short."""
     at_capacity: ServingMetrics | None
     """Metrics of the highest passing probe."""
     controller_share_at_capacity: float | None = None
@@ -41,11 +41,10 @@ class PolicyCapacity:
     saturated: ServingMetrics | None = None
     """Metrics of one run at the saturating rate (every policy the same), if asked for: at
     capacity a CPU pipeline holds few requests, so its idle stages say little about balance."""
-    upper_qps: float = math.inf
-    """Lowest rate seen to fail (inf where none failed)."""
-    converged: bool = True
-    """False when the search ran out of --search-time-s: the capacity is in [capacity_qps,
-    upper_qps], wider than --granularity."""
+
+    @property
+    def capacity_qps(self) -> float:
+        return self.search.capacity_qps
 
 
 def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
@@ -109,17 +108,7 @@ def measure_policy(
         if saturation_qps > 0:
             saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
     at_capacity, share = best.get(result.capacity_qps, (None, None))
-    return PolicyCapacity(
-        policy,
-        budget_tokens,
-        result.capacity_qps,
-        result.probes,
-        at_capacity,
-        share,
-        saturated,
-        result.upper_qps,
-        result.converged,
-    )
+    return PolicyCapacity(policy, budget_tokens, result, at_capacity, share, saturated)
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
@@ -296,13 +285,14 @@ def search_policy_capacity(
         on_ready=ready,
         search_time_s=args.search_time_s,
     )
+    search = result.search
     unsure = (
         ""
-        if result.converged
-        else f", not converged: under {rate(result.upper_qps)}, --search-time-s ran out"
+        if search.converged
+        else f", not converged: under {rate(search.upper_qps)}, --search-time-s ran out"
     )
     say(
-        f"[{policy}] capacity {rate(result.capacity_qps)} after {len(result.probes)} probes "
+        f"[{policy}] capacity {rate(search.capacity_qps)} after {len(search.probes)} probes "
         f"({time.perf_counter() - policy_started:.0f} s{unsure})"
     )
     if result.saturated is not None:
@@ -343,8 +333,8 @@ def result_row(r: PolicyCapacity, reference: PolicyCapacity | None) -> dict[str,
         "policy": r.policy,
         "budget_tokens": r.budget_tokens,
         "capacity_qps": r.capacity_qps,
-        "upper_qps": r.upper_qps if math.isfinite(r.upper_qps) else None,
-        "converged": r.converged,
+        "upper_qps": r.search.upper_qps if math.isfinite(r.search.upper_qps) else None,
+        "converged": r.search.converged,
         "ratio_to_vllm": (r.capacity_qps / reference.capacity_qps)
         if reference and reference.capacity_qps
         else None,
@@ -353,7 +343,7 @@ def result_row(r: PolicyCapacity, reference: PolicyCapacity | None) -> dict[str,
         "tbt_p99_s_at_capacity": m.tbt_p99_s if m else None,
         "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
         "saturated": r.saturated.to_dict() if r.saturated else None,
-        "probes": r.probes,
+        "probes": r.search.probes,
     }
 
 
@@ -378,5 +368,5 @@ def print_live_report(report: dict[str, Any], results: list[PolicyCapacity]) -> 
             f"  {f'{ratio:.2f}x vllm' if isinstance(ratio, float) else '-':>12}"
             f"  bubbles {f'{bubble:.0%}' if isinstance(bubble, float) else '-'}"
             f" (steady {f'{steady:.0%}' if isinstance(steady, float) else '-'}){saturated}"
-            + ("" if r.converged else f"  not converged: under {rate(r.upper_qps)}")
+            + ("" if r.search.converged else f"  not converged: under {rate(r.search.upper_qps)}")
         )
