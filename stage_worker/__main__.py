@@ -201,8 +201,8 @@ def add_control_link_flags(p: argparse.ArgumentParser) -> None:
         type=float_in(1.0, 3600.0),
         default=10.0,
         help="seconds without a message from the controller before exiting to re-register; "
-        "also the longest wait on a neighbouring stage (a peer behind a cut link never "
-        "answers), so keep it above the longest step",
+        "also the longest wait on a neighbouring stage once the controller no longer says it "
+        "is stepping (a peer behind a cut link never answers)",
     )
     p.add_argument(
         "--curve-server-key-file", default="", help="controller's public ZeroMQ certificate"

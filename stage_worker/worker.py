@@ -8,13 +8,15 @@ serialized WorkerMessage / ControllerMessage.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -33,6 +35,7 @@ from stage_worker.comm import (
     init_distributed,
 )
 from stage_worker.config import ShardSpec, load_spec
+from stage_worker.control_socket import ControlSocket, PeerWait
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
@@ -40,17 +43,13 @@ from stage_worker.layers import cpu_matmul, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
-from stage_worker.step_timer import StepTimer, TimedAttention, clock
+from stage_worker.step_timer import StepTimer, TimedAttention
 from stage_worker.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
-# How often an idle worker tells the controller it is alive.
+# How often an idle worker tells the controller it is alive (a stepping one: control_socket.py).
 IDLE_HEARTBEAT_S = 1.0
-# How often a stepping worker does (`alive`, from a thread): a step answers nothing until it
-# ends, and one longer than the controller's heartbeat timeout (5 s by default; a whole prompt
-# of a thousand tokens on a CPU thread takes longer) would count the worker down mid-step.
-STEPPING_KEEPALIVE_S = 0.25
 
 
 class _LogTag(logging.Filter):
@@ -119,7 +118,8 @@ class WorkerConfig:
     """This worker's ZeroMQ certificate with its secret key."""
     controller_timeout_s: float = 10.0
     """While serving, a controller unheard of for this long is gone: exit, to be restarted
-    and to register with its successor (the controller pings about once a second)."""
+    and to register with its successor (the controller pings every half second). Also how long
+    a wait on a neighbouring stage may outlast the last ping saying it is still stepping."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -186,25 +186,19 @@ class StageWorker:
         self._next_controller = next_controller
         self._changed = threading.Event()
         self._controller_addr = config.controller
-        # ZeroMQ sockets are not thread-safe: the keepalive thread takes the lock to send.
-        self._sock_lock = threading.Lock()
-        self._sock = self._connect(config.controller)
-        self._last_sent_s = time.monotonic()
-        self._stepping = threading.Event()
-        self._stop_keepalive = threading.Event()
+        self._control = ControlSocket(self._connect(config.controller))
         self._model: StageModel | None = None
         """The loaded stage, kept across controllers (TP=1: nothing in it names a group)."""
         self._start_s = time.monotonic()
         self._busy_s_total = 0.0
         self._last_batch_id = 0
-        self._received_at = 0.0
-        """clock() when the last message came off the socket, before parsing it."""
         self._timer: StepTimer | None = None
         self._cache_ready = False
         """This pipeline's KV cache is allocated and zeroed (Heartbeat.cache_ready)."""
         self.shard: ShardSpec | None = None
         # A peer behind a cut link never answers: no wait on one may outlast the time after
-        # which the controller would count this worker gone anyway.
+        # which the controller would count this worker gone anyway, unless the controller says
+        # the peer is still stepping what comes first (_waiting_on).
         self._watchdog = Watchdog(EXIT_PIPELINE_BROKEN)
         self._peer_wait_s = config.controller_timeout_s
 
@@ -237,20 +231,10 @@ class StageWorker:
             raise ControllerChanged
 
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
-        data = msg.SerializeToString()
-        with self._sock_lock:
-            self._sock.send(data)
-            self._last_sent_s = time.monotonic()
+        self._control.send(msg)
 
     def _recv(self, timeout_s: float | None = None) -> stage_pb2.ControllerMessage | None:
-        with self._sock_lock:
-            if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
-                return None
-            data = self._sock.recv()
-        self._received_at = clock()
-        msg = stage_pb2.ControllerMessage()
-        msg.ParseFromString(data)
-        return msg
+        return self._control.recv(timeout_s)
 
     def _heartbeat(self, step_busy_s: float) -> None:
         assert self.shard is not None
@@ -269,26 +253,6 @@ class StageWorker:
                 )
             )
         )
-
-    def _alive_while_stepping(self) -> None:
-        """The keepalive thread: while a step runs, `alive` once nothing has gone out for
-        STEPPING_KEEPALIVE_S. It never waits for the socket: between steps the main thread
-        answers the controller itself."""
-        alive = stage_pb2.WorkerMessage(alive=True).SerializeToString()
-        while not self._stop_keepalive.wait(STEPPING_KEEPALIVE_S):
-            if not self._stepping.is_set():
-                continue
-            if time.monotonic() - self._last_sent_s < STEPPING_KEEPALIVE_S:
-                continue
-            if not self._sock_lock.acquire(blocking=False):
-                continue
-            try:
-                self._sock.send(alive, zmq.NOBLOCK)
-                self._last_sent_s = time.monotonic()
-            except zmq.ZMQError:  # the queue to a cut link is full: its silence is the news
-                pass
-            finally:
-                self._sock_lock.release()
 
     # ---- start-up --------------------------------------------------------------------------
     def _handshake(self) -> stage_pb2.WorkerAssignment:
@@ -347,10 +311,7 @@ class StageWorker:
         fused.set_enabled(cfg.fused_ops)
         cpu_matmul.set_enabled(cfg.cpu_matmul_kernel)
         llama_cpu_loop.set_enabled(cfg.cpu_layer_loop)
-        keepalive = threading.Thread(
-            target=self._alive_while_stepping, name="keepalive", daemon=True
-        )
-        keepalive.start()
+        self._control.start()
         try:
             while True:
                 try:
@@ -359,14 +320,12 @@ class StageWorker:
                     pass  # out of the handler first: its traceback holds the old KV cache
                 self._rejoin()
         finally:
-            self._stop_keepalive.set()
-            keepalive.join()
+            self._control.stop()
 
     def _rejoin(self) -> None:
         """Leaves the old controller's socket and connects to the one that took over."""
         assert self._next_controller is not None
-        with self._sock_lock:
-            self._sock.close(linger=0)
+        self._control.close()
         if self.config.device.startswith("cuda"):
             torch.cuda.empty_cache()  # the old KV cache's memory, for the new one to measure
         addr = self._next_controller(max(30.0, 3 * self.config.controller_timeout_s))
@@ -374,8 +333,7 @@ class StageWorker:
         self._changed.clear()
         logger.info("joining the controller at %s", addr)
         self._controller_addr = addr
-        with self._sock_lock:
-            self._sock = self._connect(addr)
+        self._control.reconnect(self._connect(addr))
 
     def _join_and_serve(self) -> int:
         """Hello, assignment, torch.distributed, weights, KV cache, then serving until the
@@ -565,17 +523,16 @@ class StageWorker:
 
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:
-        last_heard_s = time.monotonic()
+        self._control.heard_s = time.monotonic()
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
             self._check_controller()
             if msg is None:
-                silent_s = time.monotonic() - last_heard_s
+                silent_s = time.monotonic() - self._control.heard_s
                 if silent_s > self.config.controller_timeout_s:
                     raise ControllerLost(f"no message from the controller for {silent_s:.1f} s")
                 self._heartbeat(0.0)
                 continue
-            last_heard_s = time.monotonic()
             if msg.HasField("ping"):
                 self._heartbeat(0.0)  # the answer that tells the controller this worker lives
                 continue
@@ -585,11 +542,8 @@ class StageWorker:
             if not msg.HasField("plan"):
                 logger.warning("ignoring %s while serving", msg.WhichOneof("body"))
                 continue
-            self._stepping.set()
-            try:
+            with self._control.stepping():
                 self._run_plan(runner, links, msg.plan)
-            finally:
-                self._stepping.clear()
 
     def _run_plan(
         self, runner: StageRunner, links: PipelineLinks, plan: stage_pb2.StepPlan
@@ -598,7 +552,7 @@ class StageWorker:
         shard = runner.model.shard
         timer = self._timer
         assert timer is not None
-        timer.begin(self._received_at)
+        timer.begin(self._control.received_at)
         try:
             step = runner.prepare(plan)
         except PlanError as err:
@@ -615,7 +569,7 @@ class StageWorker:
         if not shard.is_first:
             # Waiting for the previous stage is idle time, not busy time.
             waiting = "receiving the previous stage's activations"
-            with self._watchdog.guard(waiting, self._peer_wait_s):
+            with self._waiting_on(waiting, PeerWait(shard.stage - 1, plan.batch_id)):
                 hidden_in = links.recv(
                     step.meta.num_tokens,
                     runner.model.spec.hidden_size,
@@ -629,7 +583,9 @@ class StageWorker:
         if shard.is_last:
             self._sample_and_send(runner, step, hidden, timer)
         else:
-            with self._watchdog.guard("sending activations to the next stage", self._peer_wait_s):
+            # The send first waits for our last one, which the next stage takes in its step.
+            sending = PeerWait(shard.stage + 1, self._last_batch_id)
+            with self._waiting_on("sending activations to the next stage", sending):
                 links.send(hidden)
         timer.send_s += timer.lap()
         if runner.model.device.startswith("cuda"):
@@ -640,6 +596,16 @@ class StageWorker:
         self._busy_s_total += busy_s
         self._last_batch_id = plan.batch_id
         self._heartbeat(busy_s)
+
+    @contextlib.contextmanager
+    def _waiting_on(self, what: str, wait: PeerWait) -> Iterator[None]:
+        """A wait on a neighbouring stage. The watchdog ends it after the peer wait (a cut
+        link) unless the controller's pings keep saying that the neighbour is still stepping
+        what comes first (a long step there, on a slow CPU or of a whole prompt)."""
+        with self._watchdog.guard(what, self._peer_wait_s) as guard:
+            renew = functools.partial(self._watchdog.renew, guard, self._peer_wait_s)
+            with self._control.hearing(wait, renew):
+                yield
 
     def _sample_and_send(
         self, runner: StageRunner, step: PreparedStep, hidden: torch.Tensor, timer: StepTimer

@@ -248,30 +248,41 @@ class PipelineExecutor:
         self.up, self.down_reason, self.last_refusal = True, "", ""
         self.on_up()
 
+    def _ping(self) -> bytes:
+        """Liveness, with each stage's last finished micro-batch: a worker waiting on a
+        neighbour waits on while the neighbour is still stepping what comes first."""
+        progress = stage_pb2.Ping(last_batch_ids=[stage.last_batch_id for stage in self.stages])
+        return stage_pb2.ControllerMessage(ping=progress).SerializeToString()
+
     async def _watch(self) -> None:
-        ping = stage_pb2.ControllerMessage(ping=True).SerializeToString()
         while True:
             await asyncio.sleep(_WATCH_PERIOD_S)
             if not self.up:
                 continue
-            now = time.monotonic()
-            lost, lost_stages = [], []  # every lost worker is named, as in submit()
-            for info in list(self.slots.workers.values()):
-                silent_s = now - info.last_seen_s
-                if silent_s > self.heartbeat_timeout_s:
-                    lost.append(
-                        f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) sent no "
-                        f"heartbeat for {silent_s:.1f} s"
-                    )
-                    lost_stages.append(info.stage)
-                    continue
-                try:
-                    await self.channel.send_bytes(info.identity, ping)
-                except zmq.ZMQError as err:
-                    lost.append(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
-                    lost_stages.append(info.stage)
+            lost, lost_stages = self._silent_workers(time.monotonic())
+            if not lost:  # a ping says every worker is heard from
+                ping = self._ping()
+                for info in list(self.slots.workers.values()):
+                    try:
+                        await self.channel.send_bytes(info.identity, ping)
+                    except zmq.ZMQError as err:
+                        lost.append(f"stage {info.stage} rank {info.tp_rank} unreachable: {err}")
+                        lost_stages.append(info.stage)
             if lost:
                 await self.fail("; ".join(lost), lost_stages)
+
+    def _silent_workers(self, now: float) -> tuple[list[str], list[int]]:
+        """Every worker not heard from within the heartbeat timeout, named, and its stage."""
+        lost, lost_stages = [], []
+        for info in self.slots.workers.values():
+            silent_s = now - info.last_seen_s
+            if silent_s > self.heartbeat_timeout_s:
+                lost.append(
+                    f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) sent no "
+                    f"heartbeat for {silent_s:.1f} s"
+                )
+                lost_stages.append(info.stage)
+        return lost, lost_stages
 
     # ---- serving --------------------------------------------------------------------------
     async def submit(self, batch: MicroBatch) -> None:

@@ -261,8 +261,14 @@ class ControllerMessage(_message.Message):
     plan: StepPlan
     shutdown: bool
     reject: Reject
-    ping: bool
-    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., ping: _Optional[bool] = ...) -> None: ...
+    ping: Ping
+    def __init__(self, assignment: _Optional[_Union[WorkerAssignment, _Mapping]] = ..., cache: _Optional[_Union[CacheAssignment, _Mapping]] = ..., plan: _Optional[_Union[StepPlan, _Mapping]] = ..., shutdown: _Optional[bool] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("last_batch_ids",)
+    LAST_BATCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    last_batch_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, last_batch_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ControllerEndpoint(_message.Message):
     __slots__ = ("control_addr", "grpc_addr", "model", "pp", "tp")

@@ -4,6 +4,7 @@ workers as an operator sees them."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, cast
 
 import pytest
@@ -13,7 +14,7 @@ from sarathi_proto import stage_pb2
 from controller.config import ParallelConfig
 from controller.executor.control_channel import ControlChannel
 from controller.executor.membership import PipelineSlots
-from controller.executor.pipeline import PipelineExecutor
+from controller.executor.pipeline import _WATCH_PERIOD_S, PipelineExecutor
 from controller.health_watch import diagnose
 from controller.scheduler import MicroBatch
 
@@ -106,3 +107,35 @@ def test_a_plan_that_finds_workers_gone_names_every_one_of_them() -> None:
     assert "stage 2" not in pipeline.down_reason
     # Every worker still reachable was told to exit, so the whole pipeline is rebuilt.
     assert [(i, m.WhichOneof("body")) for i, m in channel.sent][-1] == (b"s2", "shutdown")
+
+
+def test_pings_carry_each_stages_progress_and_stop_once_a_worker_is_silent() -> None:
+    # A worker waiting on its neighbour waits on while the pings say that neighbour is still
+    # stepping; a ping must therefore never go out while any worker is silent.
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=2, tp=1), "m", "", 29500
+    )
+    for stage in range(2):
+        pipeline.slots.claim(f"s{stage}".encode(), hello(stage=stage, rank=0))
+    pipeline.up = True
+    now = time.monotonic()
+    for info in pipeline.slots.workers.values():
+        info.last_seen_s = now
+    pipeline.stages[0].on_heartbeat(now, 9, 0.1, 1.0)
+    pipeline.stages[1].on_heartbeat(now, 8, 0.1, 1.0)
+
+    async def one_round() -> None:
+        watch = asyncio.create_task(pipeline._watch())
+        await asyncio.sleep(1.5 * _WATCH_PERIOD_S)
+        watch.cancel()
+
+    asyncio.run(one_round())
+    pings = [(i, list(m.ping.last_batch_ids)) for i, m in channel.sent]
+    assert pings == [(b"s0", [9, 8]), (b"s1", [9, 8])]
+
+    channel.sent.clear()
+    pipeline.slots.workers[(1, 0)].last_seen_s = now - 60.0
+    asyncio.run(one_round())
+    assert not pipeline.up and "stage 1 rank 0 (w) sent no heartbeat" in pipeline.down_reason
+    assert [m.WhichOneof("body") for _, m in channel.sent] == ["shutdown", "shutdown"]

@@ -55,7 +55,7 @@ def test_heartbeats_say_not_ready_while_zeroing_and_ready_from_then_on(
             _identity, payload = controller.recv_multipart()
             beats.append(stage_pb2.WorkerMessage.FromString(payload).heartbeat)
     finally:
-        worker._sock.close(linger=0)
+        worker._control.close()
         controller.close(linger=0)
     assert [b.cache_ready for b in beats] == [False] * 4 + [True, True]
     assert all((b.stage, b.tp_rank) == (1, 0) for b in beats)

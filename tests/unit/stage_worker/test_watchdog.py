@@ -55,3 +55,29 @@ def test_the_thread_exits_a_real_blocked_wait() -> None:
     finally:
         dog.stop()
     assert exits == [3]
+
+
+def test_a_renewed_wait_gets_its_limit_again_from_the_renewal() -> None:
+    dog, clock, exits = make()
+    with dog.guard("receiving the previous stage's activations", 10.0) as guard:
+        clock.now += 9.0
+        assert dog.renew(guard, 10.0)  # the neighbour is still stepping
+        clock.now += 9.0
+        assert not dog.check()
+        clock.now += 1.1
+        assert dog.check()
+    assert exits == [3]
+
+
+def test_a_renewal_after_its_wait_ended_arms_nothing() -> None:
+    dog, clock, exits = make()
+    with dog.guard("receiving", 1.0) as first:
+        pass
+    assert not dog.renew(first, 1.0)  # the thread saw the wait just before it ended
+    clock.now += 3600.0
+    assert not dog.check()
+    with dog.guard("sending", 1.0):
+        assert not dog.renew(first, 100.0)  # nor does it stretch the next wait
+        clock.now += 1.1
+        assert dog.check()
+    assert exits == [3]

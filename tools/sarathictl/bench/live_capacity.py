@@ -112,8 +112,6 @@ def measure_policy(
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
-LIVE_PEER_WAIT_S = 120.0
-"""The workers' --controller-timeout in the searches' clusters (base_config)."""
 MIN_PROBE_REQUESTS = 8
 MIN_QPS_FRACTION = 1 / 32
 """The search stops halving below initial_qps times this (capacity then reads 0)."""
@@ -182,10 +180,7 @@ def base_config(args: argparse.Namespace) -> LocalClusterConfig:
     """The cluster every policy starts from (policy and budget are set per policy), on a free
     port (0) rather than the default 50051. Without prefix caching: every probe replays the same
     prompts (one seed, so that rates differ only in their arrivals), which a cache would serve
-    from the probe before (the paper's capacity has no cache; these prompts share nothing). With
-    a long wait on a neighbouring stage (the workers' --controller-timeout, 10 s by default): a
-    whole-prompt policy on a CPU takes steps of seconds (one thread, 1,000 tokens of the demo
-    model: 8 s), and with PP > 1 the next stage waits that long for their activations."""
+    from the probe before (the paper's capacity has no cache; these prompts share nothing)."""
     from sarathictl.commands.up import resolve_model
 
     return LocalClusterConfig(
@@ -198,7 +193,6 @@ def base_config(args: argparse.Namespace) -> LocalClusterConfig:
         device=args.device,
         dtype="float32" if args.device == "cpu" else "bfloat16",
         prefix_caching=False,
-        extra_worker_args=("--controller-timeout", str(LIVE_PEER_WAIT_S)),
     )
 
 

@@ -1,0 +1,152 @@
+"""The worker's one socket to the controller, shared by the main thread and a keepalive thread.
+
+The main thread sends and receives between steps. While it steps it answers nothing, so the
+keepalive thread speaks for it: `alive` every STEPPING_KEEPALIVE_S (a step longer than the
+controller's heartbeat timeout is not a dead worker), and, while the step waits on a
+neighbouring stage, it reads the controller's pings, whose progress tells a neighbour still
+stepping (a long wait that will end) from a cut link (one that will not). Messages other than
+pings that it reads then are kept, in order, for the main thread.
+
+ZeroMQ sockets are not thread-safe: a lock hands the socket over, and the thread never waits
+for it (the main thread's sends and polls come first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import zmq
+from sarathi_proto import stage_pb2
+
+from stage_worker.step_timer import clock
+
+# How often a stepping worker says it lives: a step answers nothing until it ends, and one
+# longer than the controller's heartbeat timeout (5 s by default; a whole prompt of a thousand
+# tokens on a CPU thread takes longer) would count the worker down mid-step.
+STEPPING_KEEPALIVE_S = 0.25
+
+
+@dataclass(frozen=True)
+class PeerWait:
+    """The main thread waits on stage `neighbour` (its activations, or taking ours), which it
+    cannot have before that stage is done with micro-batch `batch_id`."""
+
+    neighbour: int
+    batch_id: int
+
+    def neighbour_busy(self, last_batch_ids: Sequence[int]) -> bool:
+        """The controller's progress (by stage, the last micro-batch finished) says the
+        neighbour is still stepping batch_id or one before it: the wait is its work."""
+        return (
+            self.neighbour < len(last_batch_ids) and last_batch_ids[self.neighbour] < self.batch_id
+        )
+
+
+class ControlSocket:
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple[stage_pb2.ControllerMessage, float]] = deque()
+        self._last_sent_s = time.monotonic()
+        self.heard_s = time.monotonic()
+        """time.monotonic() when the controller was last heard from, by either thread."""
+        self.received_at = 0.0
+        """clock() when the message recv returned last came off the socket, before parsing."""
+        self._stepping = threading.Event()
+        self._hearing: tuple[PeerWait, Callable[[], object]] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keepalive, name="keepalive", daemon=True)
+
+    # ---- the main thread -------------------------------------------------------------------
+    def send(self, msg: stage_pb2.WorkerMessage) -> None:
+        data = msg.SerializeToString()
+        with self._lock:
+            self._sock.send(data)
+            self._last_sent_s = time.monotonic()
+
+    def recv(self, timeout_s: float | None = None) -> stage_pb2.ControllerMessage | None:
+        """The next message (those the keepalive thread kept first), or None after timeout_s."""
+        with self._lock:
+            if self._inbox:
+                msg, self.received_at = self._inbox.popleft()
+                return msg
+            if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
+                return None
+            data = self._sock.recv()
+        self.received_at = clock()
+        self.heard_s = time.monotonic()
+        return stage_pb2.ControllerMessage.FromString(data)
+
+    def reconnect(self, sock: zmq.Socket) -> None:
+        """Another controller: the old socket closes, and what it delivered is dropped."""
+        with self._lock:
+            self._sock.close(linger=0)
+            self._sock = sock
+            self._inbox.clear()
+            self.heard_s = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close(linger=0)
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        """While inside, the keepalive thread says the worker lives."""
+        self._stepping.set()
+        try:
+            yield
+        finally:
+            self._stepping.clear()
+
+    @contextlib.contextmanager
+    def hearing(self, wait: PeerWait, neighbour_busy: Callable[[], object]) -> Iterator[None]:
+        """While inside (a step waiting on a neighbour), the keepalive thread reads the
+        controller's messages and calls neighbour_busy for each ping that says so."""
+        self._hearing = (wait, neighbour_busy)
+        try:
+            yield
+        finally:
+            self._hearing = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    # ---- the keepalive thread --------------------------------------------------------------
+    def _keepalive(self) -> None:
+        alive = stage_pb2.WorkerMessage(alive=True).SerializeToString()
+        while not self._stop.wait(STEPPING_KEEPALIVE_S):
+            if not self._stepping.is_set() or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                hearing = self._hearing
+                if hearing is not None:
+                    self._read_pings(*hearing)
+                if time.monotonic() - self._last_sent_s >= STEPPING_KEEPALIVE_S:
+                    self._sock.send(alive, zmq.NOBLOCK)
+                    self._last_sent_s = time.monotonic()
+            except zmq.ZMQError:  # the queue to a cut link is full: its silence is the news
+                pass
+            finally:
+                self._lock.release()
+
+    def _read_pings(self, wait: PeerWait, neighbour_busy: Callable[[], object]) -> None:
+        """Everything waiting on the socket (the lock held): pings answered by neighbour_busy
+        where they say so, the rest kept for the main thread."""
+        while self._sock.poll(0):
+            data = self._sock.recv(zmq.NOBLOCK)
+            received_at = clock()
+            self.heard_s = time.monotonic()
+            msg = stage_pb2.ControllerMessage.FromString(data)
+            if not msg.HasField("ping"):
+                self._inbox.append((msg, received_at))
+            elif wait.neighbour_busy(msg.ping.last_batch_ids):
+                neighbour_busy()
