@@ -51,12 +51,14 @@ class ControlSocket:
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[stage_pb2.ControllerMessage, float]] = deque()
+        self._inbox: deque[stage_pb2.ControllerMessage] = deque()
         self._last_sent_s = time.monotonic()
         self.heard_s = time.monotonic()
         """time.monotonic() when the controller was last heard from, by either thread."""
         self.received_at = 0.0
-        """clock() when the message recv returned last came off the socket, before parsing."""
+        """clock() when the main thread took the message recv returned last: off the socket,
+        before parsing, or from those the keepalive thread kept (a step's time starts there,
+        not while the step before it ran)."""
         self._stepping = threading.Event()
         self._hearing: tuple[PeerWait, Callable[[], object]] | None = None
         self._stop = threading.Event()
@@ -73,8 +75,8 @@ class ControlSocket:
         """The next message (those the keepalive thread kept first), or None after timeout_s."""
         with self._lock:
             if self._inbox:
-                msg, self.received_at = self._inbox.popleft()
-                return msg
+                self.received_at = clock()
+                return self._inbox.popleft()
             if timeout_s is not None and not self._sock.poll(int(timeout_s * 1000)):
                 return None
             data = self._sock.recv()
@@ -143,10 +145,9 @@ class ControlSocket:
         where they say so, the rest kept for the main thread."""
         while self._sock.poll(0):
             data = self._sock.recv(zmq.NOBLOCK)
-            received_at = clock()
             self.heard_s = time.monotonic()
             msg = stage_pb2.ControllerMessage.FromString(data)
             if not msg.HasField("ping"):
-                self._inbox.append((msg, received_at))
+                self._inbox.append(msg)
             elif wait.neighbour_busy(msg.ping.last_batch_ids):
                 neighbour_busy()

@@ -14,6 +14,7 @@ import zmq
 from sarathi_proto import stage_pb2
 
 from stage_worker.control_socket import STEPPING_KEEPALIVE_S, ControlSocket, PeerWait
+from stage_worker.step_timer import clock
 
 WAIT_S = 20 * STEPPING_KEEPALIVE_S  # the longest any test below waits for the thread
 
@@ -118,3 +119,20 @@ def test_messages_read_during_a_wait_reach_the_main_thread_in_order(
     received = [control.recv(WAIT_S) for _ in range(3)]
     assert [m.WhichOneof("body") if m else None for m in received] == ["plan", "plan", "shutdown"]
     assert [m.plan.batch_id for m in received[:2] if m] == [7, 8]
+
+
+def test_a_kept_plan_starts_its_step_when_the_main_thread_takes_it(
+    link: tuple[zmq.Socket, ControlSocket],
+) -> None:
+    # The step timer starts a step at received_at: a plan read during the step before must not
+    # date the next step back into that one.
+    controller, control = link
+    identity = _identity(controller, control)
+    plan = stage_pb2.ControllerMessage(plan=stage_pb2.StepPlan(batch_id=3))
+    with control.stepping(), control.hearing(PeerWait(0, 2), lambda: None):
+        controller.send_multipart([identity, plan.SerializeToString()])
+        heard = control.heard_s
+        _until(lambda: control.heard_s > heard)
+    taken = clock()
+    assert control.recv(0.0) == plan
+    assert control.received_at >= taken
