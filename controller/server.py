@@ -133,28 +133,54 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
     engine, pipeline = service.engine, service.pipeline
     if engine is None or pipeline is None:
         return status
-    sched = engine.scheduler
-    status.scheduler.CopyFrom(
-        generate_pb2.SchedulerStatus(
-            policy=sched.config.policy,
-            budget_tokens=sched.config.budget_tokens,
-            idle_budget_tokens=sched.config.idle_budget_tokens,
-            num_waiting=sched.num_waiting,
-            num_running=sched.num_running,
-            num_unscheduled=sched.num_unscheduled,
-            kv_usage_pct=100.0 * sched.kv_usage,
-            num_preemptions=sched.num_preemptions,
-            pipeline_depth=pipeline.parallel.pp,
-            tensor_parallel=pipeline.parallel.tp,
-            num_steps=engine.num_steps,
-            controller_busy_s_total=engine.overhead_s,
-            max_num_seqs=sched.config.max_num_seqs,
-            time_budget_s=sched.config.time_budget_s,
-            tbt_slo_s=sched.config.tbt_slo_s,
-            prefix_cache=prefix_cache_status(sched),
+    status.scheduler.CopyFrom(scheduler_status(engine, pipeline))
+    add_stage_statuses(status, service.problem, engine, pipeline, now)
+    ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)
+    status.latency.CopyFrom(
+        generate_pb2.LatencyStatus(
+            ttft_p50_s=percentile(ttft, 0.5),
+            ttft_p99_s=percentile(ttft, 0.99),
+            tbt_p50_s=percentile(tbt, 0.5),
+            tbt_p99_s=percentile(tbt, 0.99),
         )
     )
-    stalled_stage = pipeline.lagging_stage() if "no step completed" in service.problem else None
+    status.throughput_tokens_per_s = engine.latency.tokens_per_s(now, since=pipeline.started_at)
+    for name, total in engine.phases.totals().items():
+        setattr(status.controller_phases, name, total)
+    return status
+
+
+def scheduler_status(engine: Engine, pipeline: PipelineExecutor) -> generate_pb2.SchedulerStatus:
+    sched = engine.scheduler
+    return generate_pb2.SchedulerStatus(
+        policy=sched.config.policy,
+        budget_tokens=sched.config.budget_tokens,
+        idle_budget_tokens=sched.config.idle_budget_tokens,
+        num_waiting=sched.num_waiting,
+        num_running=sched.num_running,
+        num_unscheduled=sched.num_unscheduled,
+        kv_usage_pct=100.0 * sched.kv_usage,
+        num_preemptions=sched.num_preemptions,
+        pipeline_depth=pipeline.parallel.pp,
+        tensor_parallel=pipeline.parallel.tp,
+        num_steps=engine.num_steps,
+        controller_busy_s_total=engine.overhead_s,
+        max_num_seqs=sched.config.max_num_seqs,
+        time_budget_s=sched.config.time_budget_s,
+        tbt_slo_s=sched.config.tbt_slo_s,
+        prefix_cache=prefix_cache_status(sched),
+    )
+
+
+def add_stage_statuses(
+    status: generate_pb2.StatusResponse,
+    problem: str,
+    engine: Engine,
+    pipeline: PipelineExecutor,
+    now: float,
+) -> None:
+    """One StageStatus per stage, in order; `problem` names a stall, whose stage is marked."""
+    stalled_stage = pipeline.lagging_stage() if "no step completed" in problem else None
     preparing_stages = {w.stage for w in pipeline.preparing_cache()}
     for stage, shares in zip(pipeline.stages, stage_shares(engine, pipeline, now), strict=True):
         status.stages.add(
@@ -174,19 +200,6 @@ def build_status(service: GenerationService) -> generate_pb2.StatusResponse:
             preparing_cache=stage.stage in preparing_stages,
             phases=public_phases(stage.phases),
         )
-    ttft, tbt = engine.latency.ttft(now), engine.latency.tbt(now)
-    status.latency.CopyFrom(
-        generate_pb2.LatencyStatus(
-            ttft_p50_s=percentile(ttft, 0.5),
-            ttft_p99_s=percentile(ttft, 0.99),
-            tbt_p50_s=percentile(tbt, 0.5),
-            tbt_p99_s=percentile(tbt, 0.99),
-        )
-    )
-    status.throughput_tokens_per_s = engine.latency.tokens_per_s(now, since=pipeline.started_at)
-    for name, total in engine.phases.totals().items():
-        setattr(status.controller_phases, name, total)
-    return status
 
 
 async def start_grpc_server(
