@@ -33,8 +33,9 @@ STEPPING_KEEPALIVE_S = 0.25
 
 @dataclass(frozen=True)
 class PeerWait:
-    """The main thread waits on stage `neighbour` (its activations, or taking ours), which it
-    cannot have before that stage is done with micro-batch `batch_id`."""
+    """The main thread waits on stage `neighbour`, for its activations of micro-batch
+    `batch_id` (they come at the end of its step) or for it to take ours of `batch_id` (at the
+    start of its step): until that stage has finished `batch_id`, the wait is its work."""
 
     neighbour: int
     batch_id: int
@@ -48,6 +49,8 @@ class PeerWait:
 
 
 class ControlSocket:
+    """The socket and its keepalive thread (start, stop); the main thread's send and recv."""
+
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
         self._lock = threading.Lock()
