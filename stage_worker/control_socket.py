@@ -1,8 +1,9 @@
 """The worker's one socket to the controller, shared by the main thread and a keepalive thread.
 
-The main thread sends and receives between steps. While it steps it answers nothing, so the
-keepalive thread speaks for it: `alive` every STEPPING_KEEPALIVE_S (a step longer than the
-controller's heartbeat timeout is not a dead worker), and, while the step waits on a
+The main thread sends and receives between steps. While it steps (or zeroes its KV cache) it
+answers nothing, so the keepalive thread speaks for it: `alive` every BUSY_KEEPALIVE_S (a
+step longer than the controller's heartbeat timeout is not a dead worker), and, while a step
+waits on a
 neighbouring stage, it reads the controller's pings, whose progress tells a neighbour still
 stepping (a long wait that will end) from a cut link (one that will not). Messages other than
 pings that it reads then are kept, in order, for the main thread.
@@ -25,10 +26,10 @@ from sarathi_proto import stage_pb2
 
 from stage_worker.step_timer import clock
 
-# How often a stepping worker says it lives: a step answers nothing until it ends, and one
+# How often a busy worker says it lives: a step answers nothing until it ends, and one
 # longer than the controller's heartbeat timeout (5 s by default; a whole prompt of a thousand
 # tokens on a CPU thread takes longer) would count the worker down mid-step.
-STEPPING_KEEPALIVE_S = 0.25
+BUSY_KEEPALIVE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class ControlSocket:
         """clock() when the main thread took the message recv returned last: off the socket,
         before parsing, or from those the keepalive thread kept (a step's time starts there,
         not while the step before it ran)."""
-        self._stepping = threading.Event()
+        self._busy = threading.Event()
         self._hearing: tuple[PeerWait, Callable[[], object]] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive, name="keepalive", daemon=True)
@@ -100,13 +101,14 @@ class ControlSocket:
             self._sock.close(linger=0)
 
     @contextlib.contextmanager
-    def stepping(self) -> Iterator[None]:
-        """While inside, the keepalive thread says the worker lives."""
-        self._stepping.set()
+    def busy(self) -> Iterator[None]:
+        """While inside (a step, zeroing the KV cache), the keepalive thread says the worker
+        lives."""
+        self._busy.set()
         try:
             yield
         finally:
-            self._stepping.clear()
+            self._busy.clear()
 
     @contextlib.contextmanager
     def hearing(self, wait: PeerWait, neighbour_busy: Callable[[], object]) -> Iterator[None]:
@@ -128,14 +130,14 @@ class ControlSocket:
     # ---- the keepalive thread --------------------------------------------------------------
     def _keepalive(self) -> None:
         alive = stage_pb2.WorkerMessage(alive=True).SerializeToString()
-        while not self._stop.wait(STEPPING_KEEPALIVE_S):
-            if not self._stepping.is_set() or not self._lock.acquire(blocking=False):
+        while not self._stop.wait(BUSY_KEEPALIVE_S):
+            if not self._busy.is_set() or not self._lock.acquire(blocking=False):
                 continue
             try:
                 hearing = self._hearing
                 if hearing is not None:
                     self._read_pings(*hearing)
-                if time.monotonic() - self._last_sent_s >= STEPPING_KEEPALIVE_S:
+                if time.monotonic() - self._last_sent_s >= BUSY_KEEPALIVE_S:
                     self._sock.send(alive, zmq.NOBLOCK)
                     self._last_sent_s = time.monotonic()
             except zmq.ZMQError:  # the queue to a cut link is full: its silence is the news

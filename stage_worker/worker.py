@@ -425,16 +425,17 @@ class StageWorker:
         """The KV cache, zeroed with heartbeats that say it is not ready yet, then one that
         says it is: the controller is not serving until every worker has sent that one."""
         self._cache_ready = False
-        cache = KVCache(
-            num_layers,
-            assigned.num_kv_blocks,
-            assigned.block_size,
-            kv_heads,
-            head_dim,
-            self.config.device,
-            dtype,
-            progress=self._keep_alive(),
-        )
+        with self._control.busy():  # one allocation or chunk can outlast a heartbeat timeout
+            cache = KVCache(
+                num_layers,
+                assigned.num_kv_blocks,
+                assigned.block_size,
+                kv_heads,
+                head_dim,
+                self.config.device,
+                dtype,
+                progress=self._keep_alive(),
+            )
         self._cache_ready = True
         self._heartbeat(0.0)  # at once, not at the controller's next ping
         return cache
@@ -542,7 +543,7 @@ class StageWorker:
             if not msg.HasField("plan"):
                 logger.warning("ignoring %s while serving", msg.WhichOneof("body"))
                 continue
-            with self._control.stepping():
+            with self._control.busy():
                 self._run_plan(runner, links, msg.plan)
 
     def _run_plan(

@@ -52,7 +52,9 @@ def test_a_whole_prompt_step_past_the_heartbeat_timeout_completes(tmp_path: Path
     config = LocalClusterConfig(
         model_dir=str(model_dir), pp=pp, policy="vllm", budget_tokens=8192, port=0,
         threads_per_worker=1, prefix_caching=False, log_dir=str(tmp_path / "logs"),
-        kv_cache_bytes=512 << 20,  # MAX_PROMPT_TOKENS of float32 KV on one stage
+        # MAX_PROMPT_TOKENS of float32 KV on one stage; zeroing it outlasts the heartbeat
+        # timeout too (before the keepalive covered it, the pipeline went down there).
+        kv_cache_bytes=512 << 20,
         extra_controller_args=("--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)),
         extra_worker_args=("--controller-timeout", str(PEER_WAIT_S)),
     )  # fmt: skip

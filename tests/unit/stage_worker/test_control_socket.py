@@ -13,10 +13,10 @@ import pytest
 import zmq
 from sarathi_proto import stage_pb2
 
-from stage_worker.control_socket import STEPPING_KEEPALIVE_S, ControlSocket, PeerWait
+from stage_worker.control_socket import BUSY_KEEPALIVE_S, ControlSocket, PeerWait
 from stage_worker.step_timer import clock
 
-WAIT_S = 20 * STEPPING_KEEPALIVE_S  # the longest any test below waits for the thread
+WAIT_S = 20 * BUSY_KEEPALIVE_S  # the longest any test below waits for the thread
 
 
 @pytest.mark.parametrize(
@@ -69,18 +69,18 @@ def _until(done: object) -> None:
         time.sleep(0.01)
 
 
-def test_a_stepping_worker_says_it_lives_and_an_idle_one_does_not(
+def test_a_busy_worker_says_it_lives_and_an_idle_one_does_not(
     link: tuple[zmq.Socket, ControlSocket],
 ) -> None:
     controller, control = link
     _identity(controller, control)
-    with control.stepping():
+    with control.busy():
         assert controller.poll(int(WAIT_S * 1000))
         _, payload = controller.recv_multipart()
         assert stage_pb2.WorkerMessage.FromString(payload).alive
-    while controller.poll(int(3 * STEPPING_KEEPALIVE_S * 1000)):
+    while controller.poll(int(3 * BUSY_KEEPALIVE_S * 1000)):
         controller.recv_multipart()  # one may have been on its way as the step ended
-    assert not controller.poll(int(3 * STEPPING_KEEPALIVE_S * 1000))
+    assert not controller.poll(int(3 * BUSY_KEEPALIVE_S * 1000))
 
 
 def test_pings_renew_a_wait_only_while_the_neighbour_is_behind(
@@ -89,14 +89,14 @@ def test_pings_renew_a_wait_only_while_the_neighbour_is_behind(
     controller, control = link
     identity = _identity(controller, control)
     renewals: list[float] = []
-    with control.stepping(), control.hearing(PeerWait(0, 5), lambda: renewals.append(1)):
+    with control.busy(), control.hearing(PeerWait(0, 5), lambda: renewals.append(1)):
         _ping(controller, identity, 4, 3)  # stage 0 still steps micro-batch 5
         _until(lambda: renewals)
         assert renewals == [1]
         _ping(controller, identity, 5, 4)  # it finished 5; the activations should be here
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
-        time.sleep(2 * STEPPING_KEEPALIVE_S)
+        time.sleep(2 * BUSY_KEEPALIVE_S)
     assert renewals == [1]
     assert control.recv(0.0) is None  # pings are the thread's, not the main thread's
 
@@ -107,12 +107,12 @@ def test_messages_read_during_a_wait_reach_the_main_thread_in_order(
     controller, control = link
     identity = _identity(controller, control)
     plans = [stage_pb2.ControllerMessage(plan=stage_pb2.StepPlan(batch_id=i)) for i in (7, 8)]
-    with control.stepping(), control.hearing(PeerWait(0, 6), lambda: None):
+    with control.busy(), control.hearing(PeerWait(0, 6), lambda: None):
         controller.send_multipart([identity, plans[0].SerializeToString()])
         _ping(controller, identity, 5)
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
-        time.sleep(2 * STEPPING_KEEPALIVE_S)  # the thread has read both by now
+        time.sleep(2 * BUSY_KEEPALIVE_S)  # the thread has read both by now
     controller.send_multipart([identity, plans[1].SerializeToString()])
     shutdown = stage_pb2.ControllerMessage(shutdown=True)
     controller.send_multipart([identity, shutdown.SerializeToString()])
@@ -129,7 +129,7 @@ def test_a_kept_plan_starts_its_step_when_the_main_thread_takes_it(
     controller, control = link
     identity = _identity(controller, control)
     plan = stage_pb2.ControllerMessage(plan=stage_pb2.StepPlan(batch_id=3))
-    with control.stepping(), control.hearing(PeerWait(0, 2), lambda: None):
+    with control.busy(), control.hearing(PeerWait(0, 2), lambda: None):
         controller.send_multipart([identity, plan.SerializeToString()])
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
