@@ -1,12 +1,12 @@
 """The worker's one socket to the controller, shared by the main thread and a keepalive thread.
 
 The main thread sends and receives between steps. While it steps (or zeroes its KV cache) it
-answers nothing, so the keepalive thread speaks for it: `alive` every BUSY_KEEPALIVE_S (a
-step longer than the controller's heartbeat timeout is not a dead worker), and, while a step
-waits on a
-neighbouring stage, it reads the controller's pings, whose progress tells a neighbour still
-stepping (a long wait that will end) from a cut link (one that will not). Messages other than
-pings that it reads then are kept, in order, for the main thread.
+answers nothing, so the keepalive thread speaks for it: `alive` every BUSY_KEEPALIVE_S (a step
+longer than the controller's heartbeat timeout is not a dead worker). While a step waits on a
+neighbouring stage, the thread also reads the controller's messages: the pings' progress tells
+a neighbour still stepping (a long wait that will end) from a cut link (one that will not), and
+a shutdown says the pipeline is down (the wait's end does not matter). Messages other than
+pings are kept, in order, for the main thread.
 
 ZeroMQ sockets are not thread-safe: a lock hands the socket over, and the thread never waits
 for it (the main thread's sends and polls come first).
@@ -15,6 +15,7 @@ for it (the main thread's sends and polls come first).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -25,6 +26,8 @@ import zmq
 from sarathi_proto import stage_pb2
 
 from stage_worker.step_timer import clock
+
+logger = logging.getLogger(__name__)
 
 # How often a busy worker says it lives: a step answers nothing until it ends, and one
 # longer than the controller's heartbeat timeout (5 s by default; a whole prompt of a thousand
@@ -64,7 +67,7 @@ class ControlSocket:
         before parsing, or from those the keepalive thread kept (a step's time starts there,
         not while the step before it ran)."""
         self._busy = threading.Event()
-        self._hearing: tuple[PeerWait, Callable[[], object]] | None = None
+        self._hearing: tuple[PeerWait, Callable[[], object], Callable[[], object]] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive, name="keepalive", daemon=True)
 
@@ -111,10 +114,17 @@ class ControlSocket:
             self._busy.clear()
 
     @contextlib.contextmanager
-    def hearing(self, wait: PeerWait, neighbour_busy: Callable[[], object]) -> Iterator[None]:
+    def hearing(
+        self,
+        wait: PeerWait,
+        neighbour_busy: Callable[[], object],
+        pipeline_down: Callable[[], object],
+    ) -> Iterator[None]:
         """While inside (a step waiting on a neighbour), the keepalive thread reads the
-        controller's messages and calls neighbour_busy for each ping that says so."""
-        self._hearing = (wait, neighbour_busy)
+        controller's messages: it calls neighbour_busy for each ping that says so, and
+        pipeline_down for a shutdown (the controller took the pipeline down: whatever the
+        neighbour does, this step's result is not wanted)."""
+        self._hearing = (wait, neighbour_busy, pipeline_down)
         try:
             yield
         finally:
@@ -136,23 +146,33 @@ class ControlSocket:
             try:
                 hearing = self._hearing
                 if hearing is not None:
-                    self._read_pings(*hearing)
+                    self._read_while_waiting(*hearing)
                 if time.monotonic() - self._last_sent_s >= BUSY_KEEPALIVE_S:
                     self._sock.send(alive, zmq.NOBLOCK)
                     self._last_sent_s = time.monotonic()
             except zmq.ZMQError:  # the queue to a cut link is full: its silence is the news
                 pass
+            except Exception:  # a thread that died here would leave long steps unspoken for
+                logger.exception("keepalive: a message from the controller went wrong")
             finally:
                 self._lock.release()
 
-    def _read_pings(self, wait: PeerWait, neighbour_busy: Callable[[], object]) -> None:
-        """Everything waiting on the socket (the lock held): pings answered by neighbour_busy
-        where they say so, the rest kept for the main thread."""
+    def _read_while_waiting(
+        self,
+        wait: PeerWait,
+        neighbour_busy: Callable[[], object],
+        pipeline_down: Callable[[], object],
+    ) -> None:
+        """Everything waiting on the socket (the lock held), as `hearing` says; all but pings
+        are kept for the main thread."""
         while self._sock.poll(0):
             data = self._sock.recv(zmq.NOBLOCK)
             self.heard_s = time.monotonic()
             msg = stage_pb2.ControllerMessage.FromString(data)
-            if not msg.HasField("ping"):
-                self._inbox.append(msg)
-            elif wait.neighbour_busy(msg.ping.last_batch_ids):
-                neighbour_busy()
+            if msg.HasField("ping"):
+                if wait.neighbour_busy(msg.ping.last_batch_ids):
+                    neighbour_busy()
+                continue
+            self._inbox.append(msg)
+            if msg.HasField("shutdown"):
+                pipeline_down()

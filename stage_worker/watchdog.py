@@ -70,6 +70,15 @@ class Watchdog:
             self._deadline = self._clock() + limit_s
             return True
 
+    def expire(self, number: int, why: str) -> bool:
+        """Guard `number` is past its limit now (the wait cannot succeed: `why`), if the main
+        thread is still inside it; False otherwise."""
+        with self._lock:
+            if number != self._guard_no or self._deadline == float("inf"):
+                return False
+            self._what, self._deadline = f"{self._what} ({why})", -float("inf")
+            return True
+
     def check(self) -> bool:
         """One look: exits the process (returns True) if a guarded wait is past its limit."""
         deadline, what = self._deadline, self._what

@@ -602,10 +602,14 @@ class StageWorker:
     def _waiting_on(self, what: str, wait: PeerWait) -> Iterator[None]:
         """A wait on a neighbouring stage. The watchdog ends it after the peer wait (a cut
         link) unless the controller's pings keep saying that the neighbour is still stepping
-        what comes first (a long step there, on a slow CPU or of a whole prompt)."""
-        with self._watchdog.guard(what, self._peer_wait_s) as guard:
-            renew = functools.partial(self._watchdog.renew, guard, self._peer_wait_s)
-            with self._control.hearing(wait, renew):
+        what comes first (a long step there, on a slow CPU or of a whole prompt), and at once
+        when the controller takes the pipeline down (the process exits to be restarted, as
+        after a broken link)."""
+        dog = self._watchdog
+        with dog.guard(what, self._peer_wait_s) as guard:
+            renew = functools.partial(dog.renew, guard, self._peer_wait_s)
+            down = functools.partial(dog.expire, guard, "the controller took the pipeline down")
+            with self._control.hearing(wait, renew, down):
                 yield
 
     def _sample_and_send(

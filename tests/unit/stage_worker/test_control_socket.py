@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -63,6 +63,13 @@ def _ping(controller: zmq.Socket, identity: bytes, *last_batch_ids: int) -> None
     controller.send_multipart([identity, msg.SerializeToString()])
 
 
+class Calls(list[str]):
+    """What the keepalive thread called (an exception there is logged, not raised here)."""
+
+    def to(self, name: str) -> Callable[[], None]:
+        return lambda: self.append(name)
+
+
 def _until(done: object) -> None:
     deadline = time.monotonic() + WAIT_S
     while not done() and time.monotonic() < deadline:  # type: ignore[operator]
@@ -88,16 +95,16 @@ def test_pings_renew_a_wait_only_while_the_neighbour_is_behind(
 ) -> None:
     controller, control = link
     identity = _identity(controller, control)
-    renewals: list[float] = []
-    with control.busy(), control.hearing(PeerWait(0, 5), lambda: renewals.append(1)):
+    renewals = Calls()
+    with control.busy(), control.hearing(PeerWait(0, 5), renewals.to("busy"), renewals.to("down")):
         _ping(controller, identity, 4, 3)  # stage 0 still steps micro-batch 5
         _until(lambda: renewals)
-        assert renewals == [1]
+        assert renewals == ["busy"]
         _ping(controller, identity, 5, 4)  # it finished 5; the activations should be here
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
         time.sleep(2 * BUSY_KEEPALIVE_S)
-    assert renewals == [1]
+    assert renewals == ["busy"]
     assert control.recv(0.0) is None  # pings are the thread's, not the main thread's
 
 
@@ -107,15 +114,17 @@ def test_messages_read_during_a_wait_reach_the_main_thread_in_order(
     controller, control = link
     identity = _identity(controller, control)
     plans = [stage_pb2.ControllerMessage(plan=stage_pb2.StepPlan(batch_id=i)) for i in (7, 8)]
-    with control.busy(), control.hearing(PeerWait(0, 6), lambda: None):
+    calls = Calls()
+    with control.busy(), control.hearing(PeerWait(0, 6), calls.to("busy"), calls.to("down")):
         controller.send_multipart([identity, plans[0].SerializeToString()])
-        _ping(controller, identity, 5)
+        _ping(controller, identity, 6)  # stage 0 finished micro-batch 6: no renewal
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
         time.sleep(2 * BUSY_KEEPALIVE_S)  # the thread has read both by now
     controller.send_multipart([identity, plans[1].SerializeToString()])
     shutdown = stage_pb2.ControllerMessage(shutdown=True)
     controller.send_multipart([identity, shutdown.SerializeToString()])
+    assert calls == []  # neither a renewal (stage 0 is done with 6) nor the pipeline down
     received = [control.recv(WAIT_S) for _ in range(3)]
     assert [m.WhichOneof("body") if m else None for m in received] == ["plan", "plan", "shutdown"]
     assert [m.plan.batch_id for m in received[:2] if m] == [7, 8]
@@ -129,10 +138,26 @@ def test_a_kept_plan_starts_its_step_when_the_main_thread_takes_it(
     controller, control = link
     identity = _identity(controller, control)
     plan = stage_pb2.ControllerMessage(plan=stage_pb2.StepPlan(batch_id=3))
-    with control.busy(), control.hearing(PeerWait(0, 2), lambda: None):
+    calls = Calls()
+    with control.busy(), control.hearing(PeerWait(0, 2), calls.to("busy"), calls.to("down")):
         controller.send_multipart([identity, plan.SerializeToString()])
         heard = control.heard_s
         _until(lambda: control.heard_s > heard)
     taken = clock()
+    assert calls == []
     assert control.recv(0.0) == plan
     assert control.received_at >= taken
+
+
+def test_a_shutdown_during_a_wait_says_the_pipeline_is_down(
+    link: tuple[zmq.Socket, ControlSocket],
+) -> None:
+    controller, control = link
+    identity = _identity(controller, control)
+    calls = Calls()
+    shutdown = stage_pb2.ControllerMessage(shutdown=True)
+    with control.busy(), control.hearing(PeerWait(0, 4), calls.to("busy"), calls.to("down")):
+        controller.send_multipart([identity, shutdown.SerializeToString()])
+        _until(lambda: calls)
+    assert calls == ["down"]
+    assert control.recv(0.0) == shutdown  # the main thread still sees it, if it gets there

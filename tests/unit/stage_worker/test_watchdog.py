@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from stage_worker.watchdog import Watchdog
 
 
@@ -81,3 +83,17 @@ def test_a_renewal_after_its_wait_ended_arms_nothing() -> None:
         clock.now += 1.1
         assert dog.check()
     assert exits == [3]
+
+
+def test_an_expired_wait_exits_at_the_next_look_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dog, _, exits = make()
+    with dog.guard("receiving", 1.0) as first:
+        pass
+    assert not dog.expire(first, "too late")  # its wait is over: nothing to end
+    with dog.guard("receiving the previous stage's activations", 10.0) as guard:
+        assert dog.expire(guard, "the controller took the pipeline down")
+        assert dog.check()
+    assert exits == [3]
+    assert "activations (the controller took the pipeline down)" in caplog.text
