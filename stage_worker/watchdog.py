@@ -6,7 +6,8 @@ receive would wait forever, and so would this worker. The main thread marks such
 `guard`; a background thread exits the process once one outlasts its limit, and the supervisor
 (Kubernetes, `sarathictl up --local`) restarts the worker, which registers again and joins the
 rebuilt pipeline. A wait shown to be making progress (the peer is still stepping, say the
-controller's pings) gets its limit again from then: `renew`.
+controller's pings) gets its limit again from then (`renew`); one whose end is no longer
+wanted (the controller took the pipeline down) ends now (`expire`).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class Watchdog:
             return True
 
     def expire(self, number: int, why: str) -> bool:
-        """Guard `number` is past its limit now (the wait cannot succeed: `why`), if the main
-        thread is still inside it; False otherwise."""
+        """Guard `number` is past its limit now (what the wait is for is no longer wanted:
+        `why`), if the main thread is still inside it; False otherwise."""
         with self._lock:
             if number != self._guard_no or self._deadline == float("inf"):
                 return False
