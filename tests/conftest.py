@@ -62,6 +62,13 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
         outside_reads.append(path)
 
 
+# `up --local` runs the layout `sarathictl tune-layout` measured on this machine, if any: the
+# tests (and the processes they start, which inherit this) see only the layouts they write.
+# The file is never written: a test that measures passes its own --layout-file.
+os.environ["SARATHI_LAYOUT_FILE"] = os.path.join(
+    tempfile.gettempdir(), f"sarathi-test-layouts-{os.getpid()}.json"
+)
+
 # A checkout at the file system's root has no folder of its own to guard.
 if REPO_ROOT.parent != Path(REPO_ROOT.anchor):
     sys.addaudithook(_audit)

@@ -76,7 +76,7 @@ def prompt(rng: np.random.Generator, num_tokens: int) -> list[int]:
     return [int(t) for t in rng.integers(1, PROMPT_ID_LIMIT, num_tokens)]
 
 
-async def _decode(
+async def stream_tokens(
     stub: generate_pb2_grpc.GenerationStub, ids: list[int], max_tokens: int, times: list[float]
 ) -> None:
     """One request; each token's arrival time is appended to `times`."""
@@ -94,7 +94,7 @@ async def _feed(
     """New prompts one after the other, each to its first token, until cancelled: each drawn
     afresh, since the prefix cache would take a repeated one from its blocks, not compute it."""
     while True:
-        await _decode(stub, prompt(rng, num_tokens), 1, [])
+        await stream_tokens(stub, prompt(rng, num_tokens), 1, [])
 
 
 async def _until(
@@ -134,7 +134,7 @@ async def run_scenario(
     max_tokens = scenario.max_tokens_at(budget_tokens)
     tasks = [
         asyncio.create_task(
-            _decode(stub, prompt(rng, scenario.prompt_tokens), max_tokens, arrivals)
+            stream_tokens(stub, prompt(rng, scenario.prompt_tokens), max_tokens, arrivals)
         )
         for arrivals in times
     ]
@@ -163,7 +163,7 @@ async def warm_up(
     largest = max(scenarios, key=lambda s: s.decodes)
     requests = [prompt(rng, largest.prompt_tokens) for _ in range(largest.decodes)]
     requests += [prompt(rng, s.prefill_tokens) for s in scenarios if s.prefill_tokens]
-    await asyncio.gather(*(_decode(stub, ids, 3, []) for ids in requests))
+    await asyncio.gather(*(stream_tokens(stub, ids, 3, []) for ids in requests))
 
 
 async def until_idle(stub: generate_pb2_grpc.GenerationStub, timeout_s: float = 60.0) -> None:

@@ -6,7 +6,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from sarathictl.commands import bench, demo, generate, model, plan, status, tune_budget, up
+from sarathictl.commands import (
+    bench,
+    demo,
+    generate,
+    model,
+    plan,
+    status,
+    tune_budget,
+    tune_layout,
+    up,
+)
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -15,6 +25,7 @@ COMMANDS: list[Register] = [
     generate.register,
     status.register,
     tune_budget.register,
+    tune_layout.register,
     demo.register,
     bench.register,
     plan.register,

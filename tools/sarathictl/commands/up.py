@@ -15,6 +15,7 @@ from controller.__main__ import add_budget_flags
 from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
+from sarathictl.layout_file import LayoutFileError, default_layout_file, machine_key, read_measured
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
 from stage_worker import native
 from stage_worker.models import DTYPES
@@ -55,30 +56,64 @@ class AutoLayout:
     """The budget while nothing decodes (PP = 1), unless --idle-budget is given."""
     why_idle_budget: str = ""
 
+    @property
+    def shape(self) -> str:
+        return "one worker on every core" if self.pp == 1 else "a share of the cores a stage"
+
 
 IDLE_BUDGET_TOKENS = 512
 """The idle budget of up's PP=1 layout (SchedulerConfig.idle_budget_tokens)."""
 
 
+PP1_LAYOUT = AutoLayout(1, 64, (
+    "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
+    "threads, and against PP=2 (a core a stage, budget 32 or 128) it served more at "
+    "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
+    "runs the pipeline"
+), (
+    "budget 64: 64-token chunks (150 ms on 2 cores) kept P99 TBT at 220-260 ms at 0.25 "
+    "req/s where 128 gave 370-440 (same runs; --budget to choose)"
+), IDLE_BUDGET_TOKENS, (
+    f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
+    "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
+))  # fmt: skip
+"""One stage on every core, with the budgets measured for it."""
+
+PP2_LAYOUT = AutoLayout(2, LOCAL_BUDGET_TOKENS, (
+    "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
+    "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare; "
+    "`sarathictl tune-layout` measures both here)"
+))  # fmt: skip
+"""Two stages sharing the cores out."""
+
+LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
+"""The layouts `up` chooses between, by depth; `sarathictl tune-layout` measures each."""
+
+
 def default_layout(device: str, dtype: str) -> AutoLayout:
-    """The layout for this device and dtype, chosen from the side-by-side runs."""
+    """The layout for this device and dtype by the side-by-side runs' rule."""
     if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
-        return AutoLayout(1, 64, (
-            "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
-            "threads, and against PP=2 (a core a stage, budget 32 or 128) it served more at "
-            "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
-            "runs the pipeline"
-        ), (
-            "budget 64: 64-token chunks (150 ms on 2 cores) kept P99 TBT at 220-260 ms at 0.25 "
-            "req/s where 128 gave 370-440 (same runs; --budget to choose)"
-        ), IDLE_BUDGET_TOKENS, (
-            f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
-            "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
-        ))  # fmt: skip
-    return AutoLayout(2, LOCAL_BUDGET_TOKENS, (
-        "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
-        "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare)"
-    ))  # fmt: skip
+        return PP1_LAYOUT
+    return PP2_LAYOUT
+
+
+def machine_layout(device: str, dtype: str, model_dir: str, layout_file: str) -> AutoLayout:
+    """The layout `sarathictl tune-layout` measured fastest for this CPU, dtype and model, else
+    default_layout's. A layout file that cannot be read is passed over, and the reason goes
+    into the layout's `why`, which up prints: up still starts."""
+    rule = default_layout(device, dtype)
+    if device != "cpu" or not layout_file:
+        return rule
+    try:
+        measured = read_measured(Path(layout_file), machine_key(model_dir, dtype))
+    except LayoutFileError as err:
+        return dataclasses.replace(rule, why=f"{rule.why}; the measured layouts passed over: {err}")
+    if measured is None or measured.pp not in LAYOUTS:
+        return rule
+    chosen = LAYOUTS[measured.pp]
+    return dataclasses.replace(
+        chosen, why=f"PP={measured.pp}, {chosen.shape}: {measured.why()}; --pp to choose"
+    )
 
 
 def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str:
@@ -100,7 +135,7 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
-    auto = default_layout(config.device, config.dtype)
+    auto = machine_layout(config.device, config.dtype, config.model_dir, args.layout_file)
     if args.pp is None:
         lines.append(f"  {auto.why}")
     if args.budget is None and config.pp == auto.pp and auto.why_budget:
@@ -176,6 +211,13 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
     p.add_argument(
+        "--layout-file",
+        default=str(default_layout_file()),
+        help="where `sarathictl tune-layout` keeps the layout it measured fastest here, which "
+        "`up` then runs when --pp is not given (default: $SARATHI_LAYOUT_FILE, else "
+        "~/.cache/sarathi-cluster/layouts.json; empty: the rule's layout)",
+    )
+    p.add_argument(
         "--no-prefix-caching",
         action="store_true",
         help="compute every prompt from its first token (default: reuse cached prefixes)",
@@ -197,7 +239,8 @@ def cluster_config(
     args: argparse.Namespace, port: int, http_port: int | None = None
 ) -> LocalClusterConfig:
     dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
-    auto = default_layout(args.device, dtype)
+    model_dir = resolve_model(args.model)
+    auto = machine_layout(args.device, dtype, model_dir, args.layout_file)
     pp = args.pp or auto.pp
     # The budgets measured for the machine's layout go with its depth, whether up picked the
     # depth or it was given; another depth keeps LOCAL_BUDGET_TOKENS.
@@ -210,7 +253,7 @@ def cluster_config(
         slo_mode = bool(getattr(args, "tbt_slo", 0))
         idle_budget = auto.idle_budget_tokens if pp == auto.pp and chunked and not slo_mode else 0
     return LocalClusterConfig(
-        model_dir=resolve_model(args.model),
+        model_dir=model_dir,
         pp=pp,
         tp=args.tp,
         layer_split=args.layer_split,
