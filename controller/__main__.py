@@ -5,90 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from controller.admission import AdmissionConfig, WhileDown
 from controller.app import read_model_config, serve
+from controller.budget_flags import add_budget_flags
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
+from controller.flag_types import (
+    LayerCounts,
+    Number,
+    float_above,
+    float_in,
+    int_at_least,
+    port,
+    power_of_two,
+)
 from controller.memory_trace import MemoryTraceConfig, memory_trace
 from controller.scheduler import CacheConfig, ConfigError, SchedulerConfig, policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from controller.slo import choose_for_tbt_slo, parse_step_cost
 from controller.task_watch import TaskFailed
-
-
-@dataclass(frozen=True)
-class Number:
-    """An argparse `type=`: an int or finite float that `ok` accepts. A bad value fails at parse
-    time naming the flag, the value and the rule: `argument --pp: must be at least 1, got 0`.
-    (The bounds are the configuration's own, which checks them again when it is built.)"""
-
-    kind: type[int] | type[float]
-    allowed: str
-    ok: Callable[[Any], bool]
-    bad_values: tuple[str, ...]
-    """Values refused: tests/unit/test_cli_flags.py feeds them to the flag."""
-
-    def __call__(self, text: str) -> int | float:
-        try:
-            value: int | float | None = self.kind(text)
-        except ValueError:
-            value = None
-        if value is None or (isinstance(value, float) and not math.isfinite(value)):
-            noun = "an integer" if self.kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {noun} {self.allowed}, got {text!r}")
-        if not self.ok(value):
-            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text}")
-        return value
-
-
-def int_at_least(lo: int) -> Number:
-    return Number(int, f"at least {lo}", lambda v: v >= lo, ("abc", str(lo - 1)))
-
-
-def power_of_two() -> Number:
-    return Number(int, "a power of two", lambda v: v >= 1 and not v & (v - 1), ("abc", "0", "24"))
-
-
-def port(zero: str) -> Number:
-    """A TCP port; `zero` says what 0 means for this flag."""
-    return Number(
-        int,
-        f"a TCP port in [0, 65535] (0: {zero})",
-        lambda v: 0 <= v <= 65535,
-        ("x", "-1", "65536"),
-    )
-
-
-def float_above(lo: float) -> Number:
-    return Number(float, f"above {lo:g}", lambda v: v > lo, ("abc", "nan", f"{lo:g}"))
-
-
-def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Number:
-    """[lo, hi], or (lo, hi] with lo_open."""
-    allowed = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
-    bad = ("abc", "nan", f"{lo if lo_open else lo - 1:g}", f"{hi + 1:g}")
-    return Number(float, allowed, lambda v: (v > lo if lo_open else v >= lo) and v <= hi, bad)
-
-
-@dataclass(frozen=True)
-class LayerCounts:
-    """An argparse `type=`: layer counts, comma-separated, each at least 1 (`17,13`)."""
-
-    allowed: str = "comma-separated layer counts per stage, each at least 1"
-    bad_values: tuple[str, ...] = ("abc", "17,0", "17,")
-
-    def __call__(self, text: str) -> tuple[int, ...]:
-        if not text:
-            return ()  # the default: the workers' split
-        parts = text.split(",")
-        if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-            raise argparse.ArgumentTypeError(f"must be {self.allowed}, got {text!r}")
-        return tuple(int(p) for p in parts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,39 +270,6 @@ def memory_trace_config(args: argparse.Namespace) -> MemoryTraceConfig:
         out_dir=args.memory_trace_dir,
         interval_s=args.memory_trace_interval,
         frames=args.memory_trace_frames,
-    )
-
-
-def add_budget_flags(p: argparse.ArgumentParser) -> None:
-    """The time budget and SLO mode (`sarathictl up` takes the same flags and passes them on)."""
-    p.add_argument(
-        "--step-cost",
-        default="",
-        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
-        help="the stage's cost profile (sarathictl bench stage prints it): with --time-budget "
-        "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
-    )
-    p.add_argument(
-        "--idle-budget",
-        type=int_at_least(0),
-        default=0,
-        help="PP=1, chunked policies: token budget per micro-batch while no sequence decodes "
-        "(a multiple of --tile, at least --budget): a prompt alone goes in fewer, larger chunks, "
-        "since no one waits between tokens (0: --budget always)",
-    )
-    p.add_argument(
-        "--time-budget",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="seconds of predicted stage time per micro-batch (needs --step-cost; 0: tokens only)",
-    )
-    p.add_argument(
-        "--tbt-slo",
-        type=float_in(0.0, 3600.0),
-        default=0.0,
-        help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
-        "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
-        "0: off)",
     )
 
 

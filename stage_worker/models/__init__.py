@@ -7,13 +7,14 @@ import torch
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec
+from stage_worker.dtype_names import DTYPE_NAMES
 from stage_worker.models.base import StageModel
 from stage_worker.models.falcon import FalconStage
 from stage_worker.models.llama import LlamaStage
 
 FAMILIES: dict[str, type[StageModel]] = {"llama": LlamaStage, "falcon": FalconStage}
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def build_stage(

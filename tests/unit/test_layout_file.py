@@ -129,7 +129,9 @@ def test_up_runs_the_measured_layout_and_says_so(
 ) -> None:
     monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    monkeypatch.setattr(up.native, "fused_kernels", lambda: object() if rule_pp == 1 else None)
+    monkeypatch.setattr(
+        "stage_worker.native.fused_kernels", lambda: object() if rule_pp == 1 else None
+    )
     path = tmp_path / "layouts.json"
     args = up_args(model_dir, path)
     assert up.cluster_config(args, port=0).pp == rule_pp  # nothing measured: the rule

@@ -83,7 +83,7 @@ def test_up_says_what_it_chose_and_why(
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
     monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
-    monkeypatch.setattr(up.native, "fused_kernels", lambda: object() if kernels else None)
+    monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
     said = up.describe_layout(up.cluster_config(args, port=0), args)
     assert "float32: this CPU has neither AVX512-BF16 nor AMX" in said

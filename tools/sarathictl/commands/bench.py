@@ -12,7 +12,7 @@ from sarathictl.bench import (
     run_cmd,
     scheduler_speed,
     simulate_cmd,
-    stage_step,
+    stage_step_cmd,
     step_breakdown,
 )
 
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate_cmd.register(bench_sub)
     capacity_cmd.register(bench_sub)
     paper.register(bench_sub)
-    stage_step.register(bench_sub)
+    stage_step_cmd.register(bench_sub)
     run_cmd.register(bench_sub)
     controller_step.register(bench_sub)
     step_breakdown.register(bench_sub)

@@ -39,7 +39,7 @@ from sarathictl.layout_file import (
     write_measured,
 )
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
-from stage_worker.models import DTYPES
+from stage_worker.dtype_names import DTYPE_NAMES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", *sorted(DTYPES)],
+        choices=["auto", *sorted(DTYPE_NAMES)],
         help="worker dtype (auto: as `up` picks it); `up` uses a measurement only at its dtype",
     )
     p.add_argument("--requests", type=int_at_least(1), default=8, help="requests per burst")
@@ -69,7 +69,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where the result is kept (default: $SARATHI_LAYOUT_FILE, else "
         "~/.cache/sarathi-cluster/layouts.json); other machines' entries stay",
     )
-    p.add_argument("--seed", type=int, default=0, help="prompts' seed (the same for each layout)")
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="prompts' seed (the same each layout)"
+    )
     p.add_argument("--json", action="store_true", help="the measurement as JSON on stdout")
     p.set_defaults(run=run)
 

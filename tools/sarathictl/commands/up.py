@@ -11,14 +11,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.__main__ import add_budget_flags
+from controller.budget_flags import add_budget_flags
 from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
 from sarathictl.layout_file import LayoutFileError, default_layout_file, machine_key, read_measured
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
-from stage_worker import native
-from stage_worker.models import DTYPES
+from stage_worker.dtype_names import DTYPE_NAMES
 
 
 def resolve_model(model: str) -> str:
@@ -92,6 +91,8 @@ LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
 
 def default_layout(device: str, dtype: str) -> AutoLayout:
     """The layout for this device and dtype by the side-by-side runs' rule."""
+    from stage_worker import native  # torch: only when a cluster is configured
+
     if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
         return PP1_LAYOUT
     return PP2_LAYOUT
@@ -198,7 +199,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", *sorted(DTYPES)],
+        choices=["auto", *sorted(DTYPE_NAMES)],
         help="worker dtype (auto: bfloat16 on a GPU, and on a CPU that computes it natively, "
         "AVX512-BF16 or AMX; else float32)",
     )

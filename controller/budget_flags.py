@@ -1,0 +1,40 @@
+"""The controller's time-budget and SLO-mode flags; `sarathictl up` takes them too, passed on."""
+
+from __future__ import annotations
+
+import argparse
+
+from controller.flag_types import float_in, int_at_least
+
+
+def add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """The time budget and SLO mode (`sarathictl up` takes the same flags and passes them on)."""
+    p.add_argument(
+        "--step-cost",
+        default="",
+        metavar="FIXED_S,PER_TOKEN_S,PER_ATTENDED_S",
+        help="the stage's cost profile (sarathictl bench stage prints it): with --time-budget "
+        "or --tbt-slo, micro-batches are also budgeted in predicted stage time",
+    )
+    p.add_argument(
+        "--idle-budget",
+        type=int_at_least(0),
+        default=0,
+        help="PP=1, chunked policies: token budget per micro-batch while no sequence decodes "
+        "(a multiple of --tile, at least --budget): a prompt alone goes in fewer, larger chunks, "
+        "since no one waits between tokens (0: --budget always)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="seconds of predicted stage time per micro-batch (needs --step-cost; 0: tokens only)",
+    )
+    p.add_argument(
+        "--tbt-slo",
+        type=float_in(0.0, 3600.0),
+        default=0.0,
+        help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
+        "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
+        "0: off)",
+    )
