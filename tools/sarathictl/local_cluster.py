@@ -202,11 +202,15 @@ class LocalCluster:
         self._commands[name] = (args, env)
         # A restarted child appends to its log, so the crash stays readable above the restart.
         log_file = open(self.log_dir / f"{name}.log", "ab" if restart else "wb")  # noqa: SIM115
+        # A session of its own: a Ctrl-C at the terminal reaches this process alone, which
+        # stops the children in order (stop(): the controller first). They still end with it
+        # (the parent-death signal).
         proc = subprocess.Popen(
             [*_die_with_parent_prefix(), sys.executable, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,
         )
         log_file.close()
         self.procs.append((name, proc))

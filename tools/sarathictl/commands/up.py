@@ -363,10 +363,11 @@ def reliability_args(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(flags)
 
 
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     config = cluster_config(args, args.port, args.http_port or None)
     extra = reliability_args(args) + budget_args(args)
     if args.step_log:
@@ -375,26 +376,18 @@ def run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(config)
     print(describe_layout(config, args), file=sys.stderr)
     print(f"starting controller and {config.pp}x{config.tp} workers ...", file=sys.stderr)
+    stop = threading.Event()
     try:
+        # Ctrl-C or SIGTERM while starting: start() stops what it started on the way out.
+        signal.signal(signal.SIGTERM, _raise_interrupt)
         cluster.start()
-        print(
-            f"serving on {cluster.addr} (logs in {cluster.log_dir}); Ctrl-C stops everything\n"
-            f'  sarathictl generate --addr {cluster.addr} "Hello"\n'
-            f"  sarathictl status --addr {cluster.addr}"
-            + (f"\n  OpenAI-compatible API: {cluster.http_base_url}" if cluster.http_port else "")
-            + (
-                f"\n  Prometheus metrics: http://127.0.0.1:{args.metrics_port}/metrics"
-                if args.metrics_port
-                else ""
-            ),
-            file=sys.stderr,
-        )
-        while not stop.wait(0.2):
-            if args.no_restart:
-                cluster.check_alive()
-                continue
-            for name in cluster.supervise():
-                print(f"sarathictl: {name} exited; restarted it", file=sys.stderr)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        print(serving_banner(cluster, args), file=sys.stderr)
+        serve(cluster, stop, restart=not args.no_restart)
+    except KeyboardInterrupt:
+        print("sarathictl: interrupted while starting", file=sys.stderr)
+        return 130
     except RuntimeError as err:  # a child died
         print(f"sarathictl: {err}", file=sys.stderr)
         return 1
@@ -402,3 +395,26 @@ def run(args: argparse.Namespace) -> int:
         cluster.stop()
         print("stopped: no process left behind", file=sys.stderr)
     return 0
+
+
+def serving_banner(cluster: LocalCluster, args: argparse.Namespace) -> str:
+    lines = [
+        f"serving on {cluster.addr} (logs in {cluster.log_dir}); Ctrl-C stops everything",
+        f'  sarathictl generate --addr {cluster.addr} "Hello"',
+        f"  sarathictl status --addr {cluster.addr}",
+    ]
+    if cluster.http_port:
+        lines.append(f"  OpenAI-compatible API: {cluster.http_base_url}")
+    if args.metrics_port:
+        lines.append(f"  Prometheus metrics: http://127.0.0.1:{args.metrics_port}/metrics")
+    return "\n".join(lines)
+
+
+def serve(cluster: LocalCluster, stop: threading.Event, restart: bool) -> None:
+    """Until `stop`: restarts a child that exits, or (restart off) raises RuntimeError."""
+    while not stop.wait(0.2):
+        if not restart:
+            cluster.check_alive()
+            continue
+        for name in cluster.supervise():
+            print(f"sarathictl: {name} exited; restarted it", file=sys.stderr)

@@ -1,0 +1,89 @@
+"""Ctrl-C on `sarathictl up --local`, as a terminal sends it (SIGINT to the whole foreground
+process group): while starting, up says it was interrupted and leaves nothing behind, rather
+than reporting a crashed controller with a KeyboardInterrupt in its log; while serving, it
+stops everything in order and nothing is restarted on the way out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster_factories import make_tiny_served_model
+
+pytestmark = pytest.mark.integration
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (the cluster's children exec in place)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def start_up(model_dir: Path, log: Path) -> subprocess.Popen[str]:
+    """`up` in a process group of its own, as a shell runs a foreground job."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sarathictl.cli", "up", "--local", "--port", "0",
+         "--model", str(model_dir), "--kv-cache-mb", "16", "--log-dir", str(log)],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert condition(), "timed out"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_ctrl_c_while_starting_stops_quietly(model_dir: Path, tmp_path: Path) -> None:
+    up = start_up(model_dir, tmp_path)
+    until(lambda: len(children(up.pid)) >= 2, 60)  # the controller and a worker, not serving
+    spawned = children(up.pid)
+    os.killpg(up.pid, signal.SIGINT)
+    err = up.communicate(timeout=60)[1]
+    assert up.returncode == 130, err
+    assert "interrupted while starting" in err and "stopped: no process left behind" in err
+    assert "exited with code" not in err
+    until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), 10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_ctrl_c_while_serving_stops_everything_and_restarts_nothing(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    up = start_up(model_dir, tmp_path)
+    assert up.stderr is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = up.stderr.readline()
+        if not line or line.startswith("serving on"):
+            break
+    assert line.startswith("serving on"), line
+    spawned = children(up.pid)
+    os.killpg(up.pid, signal.SIGINT)
+    err = up.communicate(timeout=60)[1]
+    assert up.returncode == 0, err
+    assert "stopped: no process left behind" in err and "restarted" not in err
+    until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), 10)
