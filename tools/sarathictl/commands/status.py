@@ -67,6 +67,14 @@ def stage_label(s: generate_pb2.StageStatus) -> str:
 
 
 def render(status: generate_pb2.StatusResponse) -> Group:
+    stages, sched = stages_table(status), scheduler_table(status.scheduler)
+    cache, latency = prefix_cache_table(status.scheduler.prefix_cache), latency_table(status)
+    if status.problem:
+        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, cache, latency)
+    return Group(stages, sched, cache, latency)
+
+
+def stages_table(status: generate_pb2.StatusResponse) -> Table:
     stages = Table(title=f"{status.model}: pipeline stages", title_justify="left")
     columns = (
         "stage",
@@ -91,7 +99,10 @@ def render(status: generate_pb2.StatusResponse) -> Group:
             f"{s.step_time_p50_s * 1e3:.1f}",
             str(s.micro_batches_in_flight),
         )
-    sc = status.scheduler
+    return stages
+
+
+def scheduler_table(sc: generate_pb2.SchedulerStatus) -> Table:
     title = "scheduler"
     if sc.tbt_slo_s:
         title += f" (budgets chosen for P99 TBT <= {sc.tbt_slo_s * 1e3:.0f} ms)"
@@ -112,6 +123,10 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         f"{sc.kv_usage_pct:.1f}",
         str(sc.num_preemptions),
     )
+    return sched
+
+
+def latency_table(status: generate_pb2.StatusResponse) -> Table:
     lat = status.latency
     latency = Table(title="latency (recent window) and throughput", title_justify="left")
     for column in ("TTFT P50 ms", "TTFT P99 ms", "TBT P50 ms", "TBT P99 ms", "tokens/s"):
@@ -123,10 +138,7 @@ def render(status: generate_pb2.StatusResponse) -> Group:
         f"{lat.tbt_p99_s * 1e3:.1f}",
         f"{status.throughput_tokens_per_s:.1f}",
     )
-    cache = prefix_cache_table(sc.prefix_cache)
-    if status.problem:
-        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, cache, latency)
-    return Group(stages, sched, cache, latency)
+    return latency
 
 
 def _pct(part: int, whole: int) -> str:
