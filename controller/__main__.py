@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"controller: invalid configuration: {err}", file=sys.stderr)
         return 2
-    except (TimeoutError, ConnectionError, TaskFailed) as err:
+    except (OSError, TaskFailed) as err:  # a port in use; TimeoutError, ConnectionError
         print(f"controller: {err}", file=sys.stderr)
         return 1
     return 0

@@ -22,7 +22,7 @@ from sarathi_proto import stage_pb2
 
 from controller.api_request import RequestLimits
 from controller.cluster_membership import ControllerMembership, LeadershipLost
-from controller.config import ControllerConfig
+from controller.config import ControllerConfig, ServerConfig
 from controller.engine import Engine, GenerationRequest
 from controller.executor.control_channel import ControlChannel
 from controller.executor.curve import CurveServerKeys
@@ -129,17 +129,26 @@ async def start_apis(
     metrics = ControllerMetrics()
     http_state = HttpApiState(model_name, api_keys=tokens, metrics=metrics.exposition)
     apis = Apis(service, grpc_server, port, health, http_state, metrics)
+    try:
+        await start_http_apis(apis, server, on_task_failed)
+    except OSError:
+        await apis.stop()  # whatever did start, so that the error is all the controller says
+        raise
+    return apis
+
+
+async def start_http_apis(apis: Apis, server: ServerConfig, on_task_failed: FailureHandler) -> None:
+    """The OpenAI-compatible HTTP API and the metrics port, where configured."""
     if server.http_port:
         apis.http_server = await start_http_server(
-            http_state, server.host, server.http_port, on_task_failed
+            apis.http_state, server.host, server.http_port, on_task_failed
         )
         log.info(
             "OpenAI-compatible HTTP API and /metrics on %s:%d", server.host, apis.http_server.port
         )
     if server.metrics_port:
-        metrics.serve(server.metrics_port, server.host)
+        apis.metrics.serve(server.metrics_port, server.host)
         log.info("Prometheus metrics on %s:%d/metrics", server.host, server.metrics_port)
-    return apis
 
 
 def make_pipeline(

@@ -184,7 +184,10 @@ class ControllerMetrics:
         )
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as err:
+            raise OSError(f"cannot bind /metrics to {host}:{port}: {err.strerror or err}") from err
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type, for an HTTP server of our own."""

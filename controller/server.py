@@ -212,7 +212,9 @@ async def start_grpc_server(
     """Starts serving; health reports NOT_SERVING until mark_serving. Returns the bound port.
     With credentials the port speaks only TLS; with tokens every call but health must carry one."""
     interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
-    server = grpc.aio.server(interceptors=interceptors)
+    # gRPC sets SO_REUSEPORT by default: a second controller on a port in use would bind it
+    # too, and the kernel would share the calls between the two.
+    server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
     generate_pb2_grpc.add_GenerationServicer_to_server(service, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -222,12 +224,15 @@ async def start_grpc_server(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"{host}:{port}"
-    if credentials is not None:
-        bound = server.add_secure_port(address, credentials)
-    else:
-        bound = server.add_insecure_port(address)
+    try:
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind"; older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC API to {host}:{port}")
+        raise OSError(f"cannot bind the gRPC API to {address}: is the port in use?")
     await server.start()
     return server, bound, health_servicer
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,81 @@ def test_controller_refuses_cluster_mode_without_an_advertised_address(model_dir
     )  # fmt: skip
     assert run.returncode == 2
     assert "advertise_host" in run.stderr
+
+
+def _controller(model_dir: Path, *flags: str) -> list[str]:
+    control = f"tcp://127.0.0.1:{_closed_port()}"
+    return [sys.executable, "-m", "controller", "--model", str(model_dir),
+            "--control-addr", control, *flags]  # fmt: skip
+
+
+def test_a_second_controller_on_a_port_in_use_is_refused(model_dir: Path) -> None:
+    """gRPC's default SO_REUSEPORT let a second controller bind a port in use, and the kernel
+    then shared the calls between the two clusters."""
+    port = _closed_port()
+    first = subprocess.Popen(_controller(model_dir, "--port", str(port)), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            assert first.poll() is None and time.monotonic() < deadline, "the first did not start"
+            time.sleep(0.1)
+        second = subprocess.run(
+            _controller(model_dir, "--port", str(port)), capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1
+        last = second.stderr.strip().splitlines()[-1]
+        assert (
+            last == f"controller: cannot bind the gRPC API to 127.0.0.1:{port}: is the port in use?"
+        )
+        assert first.poll() is None
+    finally:
+        first.terminate()
+        first.wait(30)
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--metrics-port"])
+def test_an_api_port_in_use_is_one_line(model_dir: Path, flag: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            _controller(model_dir, "--port", "0", flag, str(port)),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("controller: cannot bind") and f"127.0.0.1:{port}" in last, last
+    assert "Traceback" not in run.stderr and "never awaited" not in run.stderr
+
+
+def test_a_local_cluster_refuses_what_would_fail_before_spawning(model_dir: Path) -> None:
+    """A depth or split the model cannot take, or a port in use, is refused at once rather than
+    after every worker has loaded (the tiny model has 4 layers)."""
+    from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+    for config, error in (
+        (LocalClusterConfig(str(model_dir), pp=5), "num_hidden_layers=4 is fewer than pp=5"),
+        (LocalClusterConfig(str(model_dir), pp=2, layer_split=(1, 1)), "--layer-split 1,1"),
+    ):
+        cluster = LocalCluster(config)
+        with pytest.raises(ValueError, match=error):
+            cluster.start()
+        assert cluster.procs == []
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for config, flag in (
+            (LocalClusterConfig(str(model_dir), pp=1, port=port), "--port"),
+            (LocalClusterConfig(str(model_dir), pp=1, port=0, http_port=port), "--http-port"),
+        ):
+            cluster = LocalCluster(config)
+            with pytest.raises(ValueError, match=f"{flag} {port}: Address already in use"):
+                cluster.start()
+            assert cluster.procs == []
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

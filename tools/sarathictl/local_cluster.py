@@ -22,6 +22,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sarathictl.local_devices import check_device, count_cuda_gpus, worker_device_args
+from stage_worker.config import load_spec
+from stage_worker.layer_split import check_split, default_split
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,16 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 300.0) -> None:
         cfg = self.config
-        placements = self._worker_placements()  # before anything starts: it may refuse
+        # Before anything starts, what would fail only once every worker has loaded: a depth
+        # or split the model cannot take, a port in use, a GPU that is not there.
+        check_layers(cfg)
+        for flag, port in (
+            ("--port", cfg.port),
+            ("--http-port", cfg.http_port),
+            ("--metrics-port", cfg.metrics_port),
+        ):
+            check_port_free(flag, port)
+        placements = self._worker_placements()
         self.port = cfg.port or free_port()
         self.http_port = 0 if cfg.http_port is None else cfg.http_port or free_port()
         control = f"tcp://127.0.0.1:{free_port()}"
@@ -287,6 +298,31 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def check_layers(cfg: LocalClusterConfig) -> None:
+    """ValueError unless the model's layers can be split into cfg.pp stages (cfg.layer_split,
+    if given): the check every worker makes at start, made before spawning any."""
+    spec = load_spec(cfg.model_dir)
+    if cfg.layer_split:
+        check_split(cfg.layer_split, spec, cfg.pp)
+    else:
+        default_split(spec, cfg.pp)
+
+
+def check_port_free(flag: str, port: int | None) -> None:
+    """ValueError naming the flag when something listens on 127.0.0.1:`port` (0 and None: the
+    port is picked, or there is none)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like the servers: a port whose last connections linger in TIME_WAIT is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as err:
+            why = err.strerror or str(err)
+            raise ValueError(f"{flag} {port}: {why} (is a cluster already up?)") from None
 
 
 def _temp_log_dir() -> str:
