@@ -57,8 +57,22 @@ def read_model_config(model_dir: str) -> dict[str, object]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ConfigError("model_dir", model_dir, "a folder with config.json")
-    config: dict[str, object] = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError("model_dir", model_dir, f"a readable config.json ({err})") from err
+    if not isinstance(config, dict):
+        raise ConfigError("model_dir", model_dir, "a config.json that holds an object")
     return config
+
+
+def config_int(model_config: dict[str, object], key: str, model_dir: str, default: int = -1) -> int:
+    """An integer field of config.json; ConfigError naming it when it is missing (and has no
+    default) or not an integer."""
+    value = model_config.get(key, default if default >= 0 else None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError("model_dir", model_dir, f"a config.json whose {key} is an integer >= 0")
+    return value
 
 
 @dataclass
@@ -73,8 +87,8 @@ class ServedModel:
     @classmethod
     def load(cls, config: ControllerConfig) -> ServedModel:
         model_config = read_model_config(config.model_dir)
-        vocab_size = int(model_config["vocab_size"])  # type: ignore[call-overload]
-        max_positions = int(model_config.get("max_position_embeddings", 0) or 0)  # type: ignore[call-overload]
+        vocab_size = config_int(model_config, "vocab_size", config.model_dir)
+        max_positions = config_int(model_config, "max_position_embeddings", config.model_dir, 0)
         if max_positions and config.scheduler.max_model_len > max_positions:
             raise ConfigError(
                 "max_model_len",

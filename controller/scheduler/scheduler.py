@@ -158,12 +158,19 @@ class Scheduler:
                 "resume_token_ids",
                 f"token {ended} ({outputs[ended]}) is a stop token: the stream had ended",
             )
+        context = self.config.max_model_len
+        if len(prompt_token_ids) + len(outputs) >= context:  # not max_tokens' fault
+            raise InvalidRequestError(
+                "prompt",
+                f"{len(prompt_token_ids) + len(outputs)} tokens leave no room for a generated "
+                f"token in the model's context of {context} tokens",
+            )
         total = len(prompt_token_ids) + params.max_tokens
-        if total > self.config.max_model_len:
+        if total > context:
             raise InvalidRequestError(
                 "max_tokens",
                 f"prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
-                f"is {total}, beyond the model's context of {self.config.max_model_len} tokens",
+                f"is {total}, beyond the model's context of {context} tokens",
             )
         bm = self.block_manager
         if bm.blocks_for(total) > bm.num_blocks - bm.watermark_blocks:

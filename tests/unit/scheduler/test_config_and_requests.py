@@ -78,6 +78,17 @@ def test_prompt_plus_max_tokens_beyond_context_is_refused() -> None:
     assert sched.num_waiting == 1
 
 
+def test_a_prompt_that_fills_the_context_is_refused_naming_the_prompt() -> None:
+    """Whatever max_tokens is, the prompt alone leaves no room: the error names the prompt."""
+    sched = create_scheduler(max_model_len=100)
+    for prompt_len in (100, 101):
+        with pytest.raises(InvalidRequestError, match="leave no room") as err:
+            add_request(sched, prompt_len, prompt_len=prompt_len, max_tokens=1)
+        assert err.value.field == "prompt"
+    add_request(sched, 99, prompt_len=99, max_tokens=1)  # one token of room
+    assert sched.num_waiting == 1
+
+
 def test_max_tokens_below_one_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         add_request(create_scheduler(), 1, prompt_len=4, max_tokens=0)
