@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from controller.app import config_int, read_model_config
 from controller.scheduler import ConfigError
 
