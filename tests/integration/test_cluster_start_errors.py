@@ -134,3 +134,20 @@ def test_a_local_cluster_refuses_what_would_fail_before_spawning(model_dir: Path
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_generate_with_no_cluster_says_so_within_seconds() -> None:
+    """A stream that no controller ever answered gets two quick retries, not the eight of a
+    stream cut mid-way (21 s of backoff before the one line that matters)."""
+    addr = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "sarathictl.cli", "generate", "Hello", "--addr", addr],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert lines[0].endswith("(retry 1 of 2)") and lines[1].endswith("(retry 2 of 2)")
+    assert "stream cut" not in run.stderr
+    assert lines[-1].startswith(f"sarathictl: cannot reach a controller at {addr}")
+    assert time.monotonic() - started < 20

@@ -334,7 +334,10 @@ def test_zz_controller_restart_workers_re_register_and_old_clients_get_unavailab
     retries: list[int] = []
     with Client(cluster.addr) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
         responses = client.generate_resumable(
-            sampled, 120, RetryPolicy(max_retries=30), lambda n, got, err: retries.append(got)
+            sampled,
+            120,
+            RetryPolicy(max_retries=30),
+            lambda n, limit, got, err: retries.append(got),
         )
         first = next(responses)
         resumed = pool.submit(lambda: [first, *responses])

@@ -34,6 +34,10 @@ class RetryPolicy:
 
     max_retries: int = 8
     """Retries in a row without a token received in between."""
+    max_retries_unanswered: int = 2
+    """Retries while no controller has answered the request at all (connection refused,
+    nothing listening): most often no cluster is up, which the user should hear in about a
+    second, not after the whole backoff. A stream cut after its first answer gets max_retries."""
     first_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
 
@@ -72,25 +76,28 @@ class Client:
         request: generate_pb2.GenerateRequest,
         timeout_s: float | None = None,
         retry: RetryPolicy | None = None,
-        on_retry: Callable[[int, int, grpc.RpcError], None] | None = None,
+        on_retry: Callable[[int, int, int, grpc.RpcError], None] | None = None,
     ) -> Iterator[generate_pb2.GenerateResponse]:
         """Streams like `generate`, and when the stream breaks with UNAVAILABLE (the controller
         died or is failing over, the connection dropped, the pipeline is rebuilding) calls again
         with the token ids received so far (`resume_token_ids`) and the seed the first message
         named, so the stream goes on where it was cut: same tokens, none repeated or missing.
         Retries back off exponentially and are counted from the last token received; past
-        `retry.max_retries` the error is raised. on_retry(retry_number, tokens_received, error)
-        is called before each retry. timeout_s bounds the whole stream, retries included."""
+        `retry.max_retries` (`retry.max_retries_unanswered` while nothing has answered) the error
+        is raised. on_retry(retry_number, limit, tokens_received, error) is called before each
+        retry. timeout_s bounds the whole stream, retries included."""
         retry = retry or RetryPolicy()
         request = _copy(request)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         received = list(request.resume_token_ids)
         failures = 0
+        answered = False
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             first = True
             try:
                 for response in self.generate(request, timeout_s=remaining):
+                    answered = True
                     if first and not request.sampling.HasField("seed"):
                         request.sampling.seed = response.seed  # the server's draw: keep it
                     first = False
@@ -100,11 +107,14 @@ class Client:
                     yield response
                 return
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= retry.max_retries:
+                limit = retry.max_retries
+                if not answered:
+                    limit = min(limit, retry.max_retries_unanswered)
+                if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= limit:
                     raise
                 failures += 1
                 if on_retry is not None:
-                    on_retry(failures, len(received), err)
+                    on_retry(failures, limit, len(received), err)
                 time.sleep(retry.backoff_s(failures))
                 del request.resume_token_ids[:]
                 request.resume_token_ids.extend(received)

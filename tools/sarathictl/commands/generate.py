@@ -131,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
                 choice.add(response)
                 _show_progress(args, choice, response)
         except grpc.RpcError as err:
-            print(f"\nsarathictl: {explain_rpc_error(err, args.addr)}", file=sys.stderr)
+            streamed = any(choice.token_ids for choice in choices)  # end its line first
+            said = f"sarathictl: {explain_rpc_error(err, args.addr)}"
+            print(f"\n{said}" if streamed else said, file=sys.stderr)
             return 1
     if args.json:
         print(json.dumps(_summary_json(choices)))
@@ -147,12 +149,13 @@ def _responses(
     if args.n > 1:
         return client.generate(request, args.timeout)
 
-    def on_retry(retry: int, received: int, err: grpc.RpcError) -> None:
-        print(
-            f"\nsarathictl: stream cut ({err.code().name}: {err.details()}); resuming after "
-            f"{received} tokens (retry {retry} of {args.retries})",
-            file=sys.stderr,
-        )
+    def on_retry(retry: int, limit: int, received: int, err: grpc.RpcError) -> None:
+        why = f"{err.code().name}: {err.details()}"
+        if received:
+            said = f"\nsarathictl: stream cut ({why}); resuming after {received} tokens"
+        else:
+            said = f"sarathictl: no answer yet ({why}); trying again"
+        print(f"{said} (retry {retry} of {limit})", file=sys.stderr)
 
     policy = RetryPolicy(max_retries=args.retries)
     return client.generate_resumable(request, args.timeout, policy, on_retry)
