@@ -15,12 +15,14 @@ install: $(STAMP)
 
 # setup.py builds the C kernels (stage_worker/csrc) into the editable install: rebuilt when they change.
 $(STAMP): pyproject.toml setup.py $(wildcard stage_worker/csrc/*)
+	@echo "installing into $(VENV): torch, the package and its kernels (about 4 minutes the first time)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if ! $(PY) -c 'import torch' 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: installing torch from the index"; \
 	  else echo "no GPU: installing the CPU build $(TORCH_CPU) first"; $(PIP) install -q $(TORCH_CPU); fi; \
 	fi
 	$(PIP) install -q -e '.[dev]'
+	@echo "installed"
 	@touch $(STAMP)
 
 # System packages the integration tests use: a real etcd server (Debian's etcd-server) for the
