@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -107,7 +108,11 @@ class LocalClusterConfig:
     extra_worker_args: tuple[str, ...] = ()
     """More flags for every `python -m stage_worker`."""
     max_restarts: int = 20
-    """supervise(): most restarts of the children in all before giving up (a crash loop)."""
+    """supervise(): most restarts of the children within restart_window_s before giving up (a
+    crash loop). A worker that dies costs two (its neighbour leaves the broken pipeline too)."""
+    restart_window_s: float = 600.0
+    """The window max_restarts counts in, so that a cluster up for weeks is not taken down by
+    its tenth unrelated crash."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
@@ -131,6 +136,8 @@ class LocalCluster:
     log_dir: Path = field(default_factory=Path)
     num_restarts: int = 0
     """Children restarted by supervise() so far."""
+    restart_times: deque[float] = field(default_factory=deque)
+    """When supervise() restarted a child (time.monotonic), within the window."""
     _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
@@ -255,19 +262,23 @@ class LocalCluster:
     def supervise(self) -> list[str]:
         """Restarts every child that exited (a killed worker, or one that left a broken
         pipeline; the controller on its fixed ports). Returns the names restarted. Raises
-        RuntimeError, as check_alive, once max_restarts is spent."""
+        RuntimeError, as check_alive, once max_restarts are spent within restart_window_s."""
         restarted = []
         for index, (name, proc) in enumerate(self.procs):
             code = proc.poll()
             if code is None:
                 continue
-            if self.num_restarts >= self.config.max_restarts:
+            now = time.monotonic()
+            while self.restart_times and now - self.restart_times[0] > self.config.restart_window_s:
+                self.restart_times.popleft()
+            if len(self.restart_times) >= self.config.max_restarts:
                 self.check_alive()
             log.warning("%s exited with code %s: restarting it", name, code)
             args, env = self._commands[name]
             self._spawn(name, args, env)
             self.procs[index] = self.procs.pop()  # _spawn appended the new process
             self.num_restarts += 1
+            self.restart_times.append(now)
             restarted.append(name)
         return restarted
 

@@ -11,7 +11,8 @@ from typing import Any
 import grpc
 from sarathi_proto import generate_pb2
 
-from sarathictl.argtypes import float_above, float_at_least, float_in, int_in_range
+from controller.scheduler.request_bounds import MAX_N, MAX_TEMPERATURE
+from sarathictl.argtypes import float_above, float_in, int_in_range
 from sarathictl.client import (
     FINISH_NAMES,
     Client,
@@ -20,9 +21,6 @@ from sarathictl.client import (
     client_from_args,
     explain_rpc_error,
 )
-
-# generate.proto: a request asks for 1-128 choices.
-MAX_CHOICES = 128
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +49,12 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens", type=int_in_range(1, 2**32 - 1), default=128, help="most tokens to generate"
     )
-    p.add_argument("--temperature", type=float_at_least(0.0), default=0.0, help="0 = greedy")
+    p.add_argument(
+        "--temperature",
+        type=float_in(0.0, MAX_TEMPERATURE),
+        default=0.0,
+        help=f"in [0, {MAX_TEMPERATURE:g}]; 0 = greedy",
+    )
     p.add_argument(
         "--top-p", type=float_in(0.0, 1.0, lo_open=True), default=1.0, help="nucleus mass in (0, 1]"
     )
@@ -59,7 +62,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int_in_range(0, 2**64 - 1), default=None, help="sampling seed")
     p.add_argument(
         "--n",
-        type=int_in_range(1, MAX_CHOICES),
+        type=int_in_range(1, MAX_N),
         default=1,
         help="answers to sample for the prompt, which is computed once for all of them; choice i "
         "samples with the seed plus i. Above 1 each answer is printed whole when it ends "

@@ -1,0 +1,46 @@
+"""`up --local` restarts children that exit, and gives up only on a crash loop: max_restarts
+within restart_window_s, not in the cluster's whole life."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sarathictl import local_cluster
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+
+
+class ExitedProcess:
+    def poll(self) -> int:
+        return 1
+
+
+def cluster_with_a_dying_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "worker.log").write_text("it died\n")
+    config = LocalClusterConfig(str(tmp_path), pp=1, max_restarts=3, restart_window_s=60.0)
+    cluster = LocalCluster(config, log_dir=tmp_path)
+    cluster._commands["worker"] = ([], {})
+
+    def spawn(name: str, args: list[str], env: dict[str, str]) -> None:
+        cluster.procs.append((name, ExitedProcess()))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster, "_spawn", spawn)
+    cluster.procs.append(("worker", ExitedProcess()))  # type: ignore[arg-type]
+    return cluster
+
+
+def test_restarts_are_counted_in_a_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = cluster_with_a_dying_worker(tmp_path, monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(local_cluster.time, "monotonic", lambda: now[0])
+    for _ in range(10):  # a crash every 30 s: ten in all, never three in the 60 s window
+        assert cluster.supervise() == ["worker"]
+        now[0] += 30.0
+    assert cluster.num_restarts == 10
+    now[0] += 60.0
+    for _ in range(3):  # then three within a second: a crash loop at the fourth
+        assert cluster.supervise() == ["worker"]
+        now[0] += 0.3
+    with pytest.raises(RuntimeError, match="worker exited with code 1; its log ends:\nit died"):
+        cluster.supervise()
