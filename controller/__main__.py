@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from controller.admission import AdmissionConfig, WhileDown
 from controller.app import read_model_config, serve
+from controller.bind_error import BindError
 from controller.budget_flags import add_budget_flags
 from controller.config import ControllerConfig, ParallelConfig, ServerConfig
 from controller.flag_types import (
@@ -359,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"controller: invalid configuration: {err}", file=sys.stderr)
         return 2
-    except (OSError, TaskFailed) as err:  # a port in use; TimeoutError, ConnectionError
+    except (BindError, TimeoutError, ConnectionError, TaskFailed) as err:
         print(f"controller: {err}", file=sys.stderr)
         return 1
     return 0

@@ -21,6 +21,7 @@ from grpc_health.v1 import health as grpc_health
 from sarathi_proto import stage_pb2
 
 from controller.api_request import RequestLimits
+from controller.bind_error import BindError
 from controller.cluster_membership import ControllerMembership, LeadershipLost
 from controller.config import ControllerConfig, ServerConfig
 from controller.engine import Engine, GenerationRequest
@@ -59,7 +60,7 @@ def read_model_config(model_dir: str) -> dict[str, object]:
         raise ConfigError("model_dir", model_dir, "a folder with config.json")
     try:
         config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError("model_dir", model_dir, f"a readable config.json ({err})") from err
     if not isinstance(config, dict):
         raise ConfigError("model_dir", model_dir, "a config.json that holds an object")
@@ -69,7 +70,9 @@ def read_model_config(model_dir: str) -> dict[str, object]:
 def config_int(model_config: dict[str, object], key: str, model_dir: str, default: int = -1) -> int:
     """An integer field of config.json; ConfigError naming it when it is missing (and has no
     default) or not an integer."""
-    value = model_config.get(key, default if default >= 0 else None)
+    value = model_config.get(key)
+    if value is None and default >= 0:  # missing, or null as transformers writes some fields
+        value = default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError("model_dir", model_dir, f"a config.json whose {key} is an integer >= 0")
     return value
@@ -145,7 +148,7 @@ async def start_apis(
     apis = Apis(service, grpc_server, port, health, http_state, metrics)
     try:
         await start_http_apis(apis, server, on_task_failed)
-    except OSError:
+    except BindError:
         await apis.stop()  # whatever did start, so that the error is all the controller says
         raise
     return apis

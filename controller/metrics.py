@@ -18,6 +18,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from controller.bind_error import BindError
 from controller.scheduler import Scheduler
 from controller.telemetry import StageShares
 
@@ -187,7 +188,9 @@ class ControllerMetrics:
         try:
             start_http_server(port, addr=host, registry=self.registry)
         except OSError as err:
-            raise OSError(f"cannot bind /metrics to {host}:{port}: {err.strerror or err}") from err
+            raise BindError(
+                f"cannot bind /metrics to {host}:{port}: {err.strerror or err}"
+            ) from err
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type, for an HTTP server of our own."""

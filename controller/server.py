@@ -14,6 +14,7 @@ from sarathi_proto import generate_pb2, generate_pb2_grpc
 
 from controller.admission import AdmissionError, QueueFullError
 from controller.api_request import PromptEncoder, RequestLimits, grpc_tools, to_generation_request
+from controller.bind_error import BindError
 from controller.engine import Engine
 from controller.grpc_stream import ShuttingDown, responses
 from controller.scheduler import InvalidRequestError, Scheduler
@@ -232,7 +233,7 @@ async def start_grpc_server(
     except RuntimeError:  # grpc's "Failed to bind"; older versions returned 0
         bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC API to {address}: is the port in use?")
+        raise BindError(f"cannot bind the gRPC API to {address}: is the port in use?")
     await server.start()
     return server, bound, health_servicer
 

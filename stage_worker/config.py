@@ -135,7 +135,7 @@ def _llama_spec(
         raise CheckpointError(f"config.json: hidden_act={cfg['hidden_act']!r} (need silu)")
     return ModelSpec(
         family="llama",
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=int(_get(cfg, "vocab_size")),
         hidden_size=hidden,
         num_layers=int(_get(cfg, "num_hidden_layers")),
         num_heads=heads,
@@ -160,7 +160,7 @@ def _falcon_spec(
     num_ln = cfg.get("num_ln_in_parallel_attn")
     return ModelSpec(
         family="falcon",
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=int(_get(cfg, "vocab_size")),
         hidden_size=hidden,
         num_layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
         num_heads=heads,
@@ -205,6 +205,10 @@ def load_spec(model_dir: str | Path) -> ModelSpec:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: holds no JSON object")
     return spec_from_config(cfg)
 
 

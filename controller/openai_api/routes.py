@@ -117,6 +117,8 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     except PipelineDownError as err:
         raise not_ready() from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
+        if kind == "chat" and err.field == "prompt":  # the prompt a chat's messages render to
+            err = InvalidRequestError("messages", str(err).removeprefix("prompt: "))
         raise invalid_request(err) from err
     sampling = parsed.generation.params.sampling
     seed = sampling.seed if parsed.return_token_ids else None

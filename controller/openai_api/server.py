@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from controller.bind_error import BindError
 from controller.openai_api.routes import build_app
 from controller.openai_api.state import HttpApiState
 from controller.task_watch import start_watched
@@ -43,7 +44,7 @@ class HttpApiServer:
             self._socket.bind((host, port))
         except OSError as err:
             self._socket.close()
-            raise OSError(f"cannot bind the HTTP API to {host}:{port}: {err}") from err
+            raise BindError(f"cannot bind the HTTP API to {host}:{port}: {err}") from err
         self.host = host
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(

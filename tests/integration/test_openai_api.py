@@ -225,6 +225,7 @@ def test_seed_makes_sampled_answers_repeatable(served: Served) -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"n": 129}, "n"),
         ({"max_tokens": 5000}, "max_tokens"),  # prompt + 5000 > max_model_len (1024)
+        ({"messages": [{"role": "user", "content": "ab" * 1500}]}, "messages"),  # no room left
         ({"stop": [f"s{i}" for i in range(20)]}, "stop"),
         ({"messages": []}, "messages"),
     ],

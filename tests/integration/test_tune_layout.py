@@ -7,12 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from sarathictl.layout_file import machine_key, read_measured
 
 from tests.integration.cluster_factories import make_tiny_served_model
+from tests.integration.process_lines import LineReader
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +45,15 @@ def test_tune_layout_keeps_the_winner_and_up_runs_it(
     up = subprocess.Popen(
         sarathictl("up", "--local", "--port", "0", *small), stderr=subprocess.PIPE, text=True
     )
-    said = []
+    assert up.stderr is not None
+    output = LineReader(up.stderr)
     try:
-        assert up.stderr is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = up.stderr.readline()
-            said.append(line)
-            if not line or line.startswith("serving on"):
-                break
-        shown = "".join(said)
+        shown = output.until(lambda line: line.startswith("layout: "), 120)
         assert shown.startswith(f"layout: PP={layout['pp']} x TP=1"), shown
-        assert "measured on this machine by `sarathictl tune-layout`" in shown, shown
-        assert said[-1].startswith("serving on"), shown
+        output.until(lambda line: line.startswith("serving on"), 120)
+        assert "measured on this machine by `sarathictl tune-layout`" in output.text()
     finally:
         up.send_signal(signal.SIGINT)
-        rest = up.communicate(timeout=60)[1]
+        rest = output.rest(60)
+        up.wait(10)
     assert "stopped: no process left behind" in rest

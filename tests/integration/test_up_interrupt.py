@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster_factories import make_tiny_served_model
+from tests.integration.process_lines import LineReader
 
 pytestmark = pytest.mark.integration
 
@@ -75,15 +76,11 @@ def test_ctrl_c_while_serving_stops_everything_and_restarts_nothing(
 ) -> None:
     up = start_up(model_dir, tmp_path)
     assert up.stderr is not None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = up.stderr.readline()
-        if not line or line.startswith("serving on"):
-            break
-    assert line.startswith("serving on"), line
+    output = LineReader(up.stderr)
+    output.until(lambda line: line.startswith("serving on"), 120)
     spawned = children(up.pid)
     os.killpg(up.pid, signal.SIGINT)
-    err = up.communicate(timeout=60)[1]
-    assert up.returncode == 0, err
+    err = output.rest(60)
+    assert up.wait(10) == 0, err
     assert "stopped: no process left behind" in err and "restarted" not in err
     until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), 10)

@@ -95,11 +95,22 @@ def test_an_unreadable_file_is_reported_and_replaced_by_the_next_measurement(
 ) -> None:
     path = tmp_path / "layouts.json"
     key = machine_key(str(model_dir), "float32")
+    write_measured(path, key, measured(1))
+    entry = json.loads(path.read_text())
+    entry["machines"][key.as_text()]["figures"][1]["burst_requests_per_s"] = 0
+    zeroed = json.dumps(entry)
+    entry["machines"][key.as_text()]["figures"][1]["burst_requests_per_s"] = "0.5"
+    stringly = json.dumps(entry)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(LayoutFileError, match="decode"):
+        read_measured(path, key)
     for text, why in (
         ("{", "not JSON"),
         ('{"version": 99, "machines": {}}', "not a version 1"),
         ('{"version": 1}', "no `machines`"),
         (json.dumps({"version": 1, "machines": {key.as_text(): {"pp": 1}}}), "malformed"),
+        (zeroed, "malformed"),
+        (stringly, "malformed"),
     ):
         path.write_text(text)
         with pytest.raises(LayoutFileError, match=why):
@@ -143,8 +154,13 @@ def test_up_runs_the_measured_layout_and_says_so(
     assert config.threads_per_worker == 2 // won
     said = up.describe_layout(config, args)
     assert f"PP={won}, " in said and "measured on this machine by `sarathictl tune-layout`" in said
-    # --pp wins over the measurement; so does an empty --layout-file
-    assert up.cluster_config(up_args(model_dir, path, "--pp", str(rule_pp)), port=0).pp == rule_pp
+    # --pp wins over the measurement, and takes the budgets measured for its own depth
+    given = up.cluster_config(up_args(model_dir, path, "--pp", str(rule_pp)), port=0)
+    assert given.pp == rule_pp
+    assert given.budget_tokens == up.LAYOUTS[rule_pp].budget_tokens
+    assert given.idle_budget_tokens == up.LAYOUTS[rule_pp].idle_budget_tokens
+    # tune-layout measures TP=1: another TP goes by the rule; so does an empty --layout-file
+    assert up.cluster_config(up_args(model_dir, path, "--tp", "2"), port=0).pp == rule_pp
     assert up.cluster_config(up_args(model_dir, ""), port=0).pp == rule_pp
     # measured in another dtype: not this one's
     bf16 = up_args(model_dir, path, "--dtype", "bfloat16")

@@ -29,6 +29,7 @@ def test_integer_fields_are_named_when_missing_or_wrong(tmp_path: Path) -> None:
     folder = str(tmp_path)
     assert config_int({"vocab_size": 320}, "vocab_size", folder) == 320
     assert config_int({}, "max_position_embeddings", folder, 0) == 0
+    assert config_int({"max_position_embeddings": None}, "max_position_embeddings", folder, 0) == 0
     for config in ({}, {"vocab_size": "320"}, {"vocab_size": True}, {"vocab_size": -1}):
         with pytest.raises(ConfigError, match="whose vocab_size is an integer >= 0"):
             config_int(config, "vocab_size", folder)

@@ -94,7 +94,7 @@ def test_up_says_what_it_chose_and_why(
         assert "PP=1 x TP=1 on 2 cores" in said
         assert "2 torch thread(s) per worker" in said
         assert "PP=1, one worker on every core" in said and "--pp 2" in said
-        assert "budget 64: 64-token chunks" in said
+        assert "budget 64: on the AVX2 EPYC 64-token chunks" in said
         assert "idle budget 512: while nothing decodes" in said
         off = parser.parse_args(["--model", str(tmp_path), "--idle-budget", "0"])
         assert up.cluster_config(off, port=0).idle_budget_tokens == 0
@@ -108,8 +108,8 @@ def test_up_says_what_it_chose_and_why(
         assert "1 torch thread(s) per worker" in said
         assert "LM head's stage holds fewer" in said
     flags = ["--model", str(tmp_path), "--threads", "2", "--dtype", "float32"]
-    # The machine's depth given: its measured budgets still go with it (`bench-vs-vllm`'s
-    # sarathi-pp1 is then up's own layout); the other depth keeps LOCAL_BUDGET_TOKENS.
+    # A depth given: the budgets measured for that depth go with it (`bench-vs-vllm`'s
+    # sarathi-pp1 is then up's own layout), whichever depth the rule would have picked.
     same, other = ("1", "2") if kernels else ("2", "1")
     config = up.cluster_config(parser.parse_args([*flags, "--pp", same]), port=0)
     measured = (64, 512) if kernels else (128, 0)
@@ -122,7 +122,12 @@ def test_up_says_what_it_chose_and_why(
         "\n  layers: the LM head's stage holds fewer (--layer-split to choose)" if kernels else ""
     )  # nothing chosen for the user but the split
     config = up.cluster_config(parser.parse_args([*flags, "--pp", other]), port=0)
-    assert (config.budget_tokens, config.idle_budget_tokens) == (128, 0)
+    other_layout = up.LAYOUTS[int(other)]
+    assert (config.budget_tokens, config.idle_budget_tokens) == (
+        other_layout.budget_tokens,
+        other_layout.idle_budget_tokens,
+    )
+    assert (config.budget_tokens, config.idle_budget_tokens) == ((128, 0) if kernels else (64, 512))
 
 
 def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:

@@ -100,7 +100,9 @@ def sarathi_spec(
     label: str = "",
     stage_logs: Path | None = None,
 ) -> ServerSpec:
-    """`sarathictl up --local` with its default layout, the OpenAI API on `port`. The served
+    """`sarathictl up --local` with its default layout (the rule's, or the one `sarathictl
+    tune-layout` measured on this machine: up's first lines, in the server's log, say which and
+    why), the OpenAI API on `port`. The served
     model name is the folder's name (as vLLM's --served-model-name is set to). A `budget` other
     than 0 replaces up's default token budget and names the system after it; `extra_args` go to
     `up` as they are, and `label` names such a system (sarathi-LABEL). `stage_logs`: a folder

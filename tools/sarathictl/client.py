@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ class RetryPolicy:
     max_retries: int = 8
     """Retries in a row without a token received in between."""
     max_retries_unanswered: int = 2
-    """Retries while no controller has answered the request at all (connection refused,
-    nothing listening): most often no cluster is up, which the user should hear in about a
-    second, not after the whole backoff. A stream cut after its first answer gets max_retries."""
+    """Retries while the channel has never connected (connection refused, nothing listening):
+    most often no cluster is up, which the user should hear in about a second, not after the
+    whole backoff. Once a controller has been reached (a stream cut, a call refused while the
+    pipeline is not ready or a standby takes over), max_retries."""
     first_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
 
@@ -64,6 +66,10 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(addr, CHANNEL_OPTIONS)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # Whether the channel has ever connected: a controller that refuses a call (not ready,
+        # failing over) has answered; a port nobody listens on has not.
+        self._connected = threading.Event()
+        self._channel.subscribe(self._on_connectivity)
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
     def generate(
@@ -83,9 +89,9 @@ class Client:
         with the token ids received so far (`resume_token_ids`) and the seed the first message
         named, so the stream goes on where it was cut: same tokens, none repeated or missing.
         Retries back off exponentially and are counted from the last token received; past
-        `retry.max_retries` (`retry.max_retries_unanswered` while nothing has answered) the error
-        is raised. on_retry(retry_number, limit, tokens_received, error) is called before each
-        retry. timeout_s bounds the whole stream, retries included."""
+        `retry.max_retries` (`retry.max_retries_unanswered` while the channel never connected)
+        the error is raised. on_retry(retry_number, limit, tokens_received, error) is called
+        before each retry. timeout_s bounds the whole stream, retries included."""
         retry = retry or RetryPolicy()
         request = _copy(request)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -108,7 +114,7 @@ class Client:
                 return
             except grpc.RpcError as err:
                 limit = retry.max_retries
-                if not answered:
+                if not (answered or self._connected.is_set()):
                     limit = min(limit, retry.max_retries_unanswered)
                 if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= limit:
                     raise
@@ -125,7 +131,12 @@ class Client:
         )
         return response
 
+    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self._connected.set()
+
     def close(self) -> None:
+        self._channel.unsubscribe(self._on_connectivity)
         self._channel.close()
 
     def __enter__(self) -> Client:

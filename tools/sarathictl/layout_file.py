@@ -139,7 +139,7 @@ def _read_all(path: Path) -> dict[str, object]:
         text = path.read_text()
     except FileNotFoundError:
         return {}
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise LayoutFileError(f"{path}: {err}") from err
     try:
         data = json.loads(text)
@@ -171,8 +171,16 @@ def read_measured(path: Path, key: MachineKey) -> MeasuredLayout | None:
             figures=figures,
         )
         measured.winner()
-    except (KeyError, TypeError, ValueError, StopIteration) as err:
+        measured.why()  # ratios of positive numbers
+    except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as err:
         raise LayoutFileError(malformed) from err
+    figures_ok = all(
+        isinstance(x, (int, float)) and x > 0
+        for f in figures
+        for x in (f.burst_requests_per_s, f.lone_ttft_ms, f.lone_tpot_ms)
+    )
+    if not figures_ok:
+        raise LayoutFileError(f"{malformed}: figures must be positive numbers")
     return measured
 
 

@@ -6,7 +6,9 @@ child gets SIGTERM if this process dies (PR_SET_PDEATHSIG), and `stop()` leaves 
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import os
 import shutil
 import signal
@@ -14,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -108,11 +109,12 @@ class LocalClusterConfig:
     extra_worker_args: tuple[str, ...] = ()
     """More flags for every `python -m stage_worker`."""
     max_restarts: int = 20
-    """supervise(): most restarts of the children within restart_window_s before giving up (a
-    crash loop). A worker that dies costs two (its neighbour leaves the broken pipeline too)."""
+    """supervise(): most restarts of the children in a row before giving up (a crash loop). A
+    worker that dies costs two (its neighbour leaves the broken pipeline too)."""
     restart_window_s: float = 600.0
-    """The window max_restarts counts in, so that a cluster up for weeks is not taken down by
-    its tenth unrelated crash."""
+    """A restart this long after the one before starts the count again: a cluster up for weeks
+    is not taken down by its tenth unrelated crash, while a loop slower than the model's load
+    (one crash a minute) still ends."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
@@ -136,8 +138,10 @@ class LocalCluster:
     log_dir: Path = field(default_factory=Path)
     num_restarts: int = 0
     """Children restarted by supervise() so far."""
-    restart_times: deque[float] = field(default_factory=deque)
-    """When supervise() restarted a child (time.monotonic), within the window."""
+    restarts_in_a_row: int = 0
+    """Restarts with less than restart_window_s between each and the one before."""
+    last_restart_at: float = -math.inf
+    """time.monotonic() of the last restart."""
     _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
@@ -151,8 +155,9 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 300.0) -> None:
         cfg = self.config
-        # Before anything starts, what would fail only once every worker has loaded: a depth
-        # or split the model cannot take, a port in use, a GPU that is not there.
+        # Before anything starts, what would fail only once every worker has loaded: a GPU
+        # that is not there, a depth or split the model cannot take, a port in use.
+        placements = self._worker_placements()
         check_layers(cfg)
         for flag, port in (
             ("--port", cfg.port),
@@ -160,7 +165,16 @@ class LocalCluster:
             ("--metrics-port", cfg.metrics_port),
         ):
             check_port_free(flag, port)
-        placements = self._worker_placements()
+        try:
+            self._spawn_all(placements)
+            self._wait_serving(timeout_s)
+        except BaseException:  # Ctrl-C included: the children live in sessions of their own
+            self.stop()
+            raise
+
+    def _spawn_all(self, placements: list[list[str]]) -> None:
+        """The controller, then every worker with its device flags (by global rank)."""
+        cfg = self.config
         self.port = cfg.port or free_port()
         self.http_port = 0 if cfg.http_port is None else cfg.http_port or free_port()
         control = f"tcp://127.0.0.1:{free_port()}"
@@ -199,11 +213,6 @@ class LocalCluster:
                     ],
                     env,
                 )  # fmt: skip
-        try:
-            self._wait_serving(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
 
     def _worker_placements(self) -> list[list[str]]:
         """Each worker's device flags, by global rank (stage * tp + tp rank)."""
@@ -262,23 +271,24 @@ class LocalCluster:
     def supervise(self) -> list[str]:
         """Restarts every child that exited (a killed worker, or one that left a broken
         pipeline; the controller on its fixed ports). Returns the names restarted. Raises
-        RuntimeError, as check_alive, once max_restarts are spent within restart_window_s."""
+        RuntimeError, as check_alive, once max_restarts are spent in a row."""
         restarted = []
         for index, (name, proc) in enumerate(self.procs):
             code = proc.poll()
             if code is None:
                 continue
             now = time.monotonic()
-            while self.restart_times and now - self.restart_times[0] > self.config.restart_window_s:
-                self.restart_times.popleft()
-            if len(self.restart_times) >= self.config.max_restarts:
+            if now - self.last_restart_at > self.config.restart_window_s:
+                self.restarts_in_a_row = 0
+            if self.restarts_in_a_row >= self.config.max_restarts:
                 self.check_alive()
             log.warning("%s exited with code %s: restarting it", name, code)
             args, env = self._commands[name]
             self._spawn(name, args, env)
             self.procs[index] = self.procs.pop()  # _spawn appended the new process
             self.num_restarts += 1
-            self.restart_times.append(now)
+            self.restarts_in_a_row += 1
+            self.last_restart_at = now
             restarted.append(name)
         return restarted
 
@@ -332,8 +342,8 @@ def check_port_free(flag: str, port: int | None) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as err:
-            why = err.strerror or str(err)
-            raise ValueError(f"{flag} {port}: {why} (is a cluster already up?)") from None
+            hint = " (is a cluster already up?)" if err.errno == errno.EADDRINUSE else ""
+            raise ValueError(f"{flag} {port}: {err.strerror or err}{hint}") from None
 
 
 def _temp_log_dir() -> str:

@@ -172,3 +172,18 @@ def test_bad_decode_columns_change_nothing(tiny_checkpoint: Callable[[str], Path
     good = runner.prepare(decode_plan(3, [7, 8], [16, 16], [1, 2], at=[0, 1], ids=[3, 4]))
     assert good.sample_seq_ids == [7, 8] and good.sample_rows == [0, 1]
     assert runner.seqs[7].block_ids == [1, 3] and runner.seqs[8].num_computed_tokens == 17
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{", "not JSON"),
+        ("[1, 2]", "holds no JSON object"),
+        ('{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4}',
+         "missing field vocab_size"),
+    ],
+)  # fmt: skip
+def test_an_unreadable_config_is_one_checkpoint_error(tmp_path: Path, text: str, why: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=why):
+        load_spec(tmp_path)

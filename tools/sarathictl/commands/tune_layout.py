@@ -38,7 +38,7 @@ from sarathictl.layout_file import (
     machine_key,
     write_measured,
 )
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, check_layers
 from stage_worker.dtype_names import DTYPE_NAMES
 
 
@@ -93,6 +93,21 @@ def layout_config(
     )
 
 
+def check_before_measuring(configs: list[LocalClusterConfig], workload: ProbeWorkload) -> None:
+    """ValueError for what would fail only after the first layout's measurement: a depth the
+    model cannot take, requests longer than its context."""
+    for config in configs:
+        check_layers(config)
+    model_config = json.loads((Path(configs[0].model_dir) / "config.json").read_text())
+    context = model_config.get("max_position_embeddings")
+    tokens = workload.prompt_tokens + workload.output_tokens
+    if isinstance(context, int) and tokens > context:
+        raise ValueError(
+            f"--prompt-tokens plus --output-tokens is {tokens}, beyond the model's context of "
+            f"{context} tokens"
+        )
+
+
 def measure_layout(config: LocalClusterConfig, workload: ProbeWorkload, seed: int) -> LayoutFigures:
     label = f"[PP={config.pp}]"
     say(
@@ -142,10 +157,9 @@ def run(args: argparse.Namespace) -> int:
         f"layout in turn, a lone request and {workload.describe()}; anything else running on "
         "this machine skews the result"
     )
-    figures = tuple(
-        measure_layout(layout_config(layout, model_dir, dtype, args), workload, args.seed)
-        for layout in LAYOUTS.values()
-    )
+    configs = [layout_config(layout, model_dir, dtype, args) for layout in LAYOUTS.values()]
+    check_before_measuring(configs, workload)
+    figures = tuple(measure_layout(config, workload, args.seed) for config in configs)
     measured = MeasuredLayout(
         pp=choose_pp(figures),
         measured_on=date.today().isoformat(),

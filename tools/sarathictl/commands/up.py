@@ -70,8 +70,8 @@ PP1_LAYOUT = AutoLayout(1, 64, (
     "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
     "runs the pipeline"
 ), (
-    "budget 64: 64-token chunks (150 ms on 2 cores) kept P99 TBT at 220-260 ms at 0.25 "
-    "req/s where 128 gave 370-440 (same runs; --budget to choose)"
+    "budget 64: on the AVX2 EPYC 64-token chunks (150 ms on 2 cores) kept P99 TBT at "
+    "220-260 ms at 0.25 req/s where 128 gave 370-440 (session 12; --budget to choose)"
 ), IDLE_BUDGET_TOKENS, (
     f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
     "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
@@ -98,12 +98,14 @@ def default_layout(device: str, dtype: str) -> AutoLayout:
     return PP2_LAYOUT
 
 
-def machine_layout(device: str, dtype: str, model_dir: str, layout_file: str) -> AutoLayout:
-    """The layout `sarathictl tune-layout` measured fastest for this CPU, dtype and model, else
-    default_layout's. A layout file that cannot be read is passed over, and the reason goes
-    into the layout's `why`, which up prints: up still starts."""
+def machine_layout(
+    device: str, dtype: str, model_dir: str, layout_file: str, tp: int = 1
+) -> AutoLayout:
+    """The layout `sarathictl tune-layout` measured fastest for this CPU, dtype and model (it
+    measures TP=1), else default_layout's. A layout file that cannot be read is passed over,
+    and the reason goes into the layout's `why`, which up prints: up still starts."""
     rule = default_layout(device, dtype)
-    if device != "cpu" or not layout_file:
+    if device != "cpu" or tp != 1 or not layout_file:
         return rule
     try:
         measured = read_measured(Path(layout_file), machine_key(model_dir, dtype))
@@ -115,6 +117,15 @@ def machine_layout(device: str, dtype: str, model_dir: str, layout_file: str) ->
     return dataclasses.replace(
         chosen, why=f"PP={measured.pp}, {chosen.shape}: {measured.why()}; --pp to choose"
     )
+
+
+def layout_at(pp: int, auto: AutoLayout, device: str) -> AutoLayout | None:
+    """The layout whose budgets go with depth `pp`: up's own pick at its depth; on a CPU, the
+    named layout of another depth (what tune-layout measured there); else None (the local
+    default budget)."""
+    if pp == auto.pp:
+        return auto
+    return LAYOUTS.get(pp) if device == "cpu" else None
 
 
 def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str:
@@ -136,13 +147,16 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
-    auto = machine_layout(config.device, config.dtype, config.model_dir, args.layout_file)
+    auto = machine_layout(
+        config.device, config.dtype, config.model_dir, args.layout_file, config.tp
+    )
     if args.pp is None:
         lines.append(f"  {auto.why}")
-    if args.budget is None and config.pp == auto.pp and auto.why_budget:
-        lines.append(f"  {auto.why_budget}")
-    if getattr(args, "idle_budget", 0) is None and config.idle_budget_tokens:
-        lines.append(f"  {auto.why_idle_budget}")
+    at = layout_at(config.pp, auto, config.device)
+    if args.budget is None and at is not None and at.why_budget:
+        lines.append(f"  {at.why_budget}")
+    if getattr(args, "idle_budget", 0) is None and config.idle_budget_tokens and at is not None:
+        lines.append(f"  {at.why_idle_budget}")
     return "\n".join(lines)
 
 
@@ -241,18 +255,19 @@ def cluster_config(
 ) -> LocalClusterConfig:
     dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
     model_dir = resolve_model(args.model)
-    auto = machine_layout(args.device, dtype, model_dir, args.layout_file)
+    auto = machine_layout(args.device, dtype, model_dir, args.layout_file, args.tp)
     pp = args.pp or auto.pp
-    # The budgets measured for the machine's layout go with its depth, whether up picked the
-    # depth or it was given; another depth keeps LOCAL_BUDGET_TOKENS.
-    budget = args.budget or (auto.budget_tokens if pp == auto.pp else LOCAL_BUDGET_TOKENS)
+    # The budgets measured for a depth go with it, whether up picked the depth or it was given.
+    at = layout_at(pp, auto, args.device)
+    budget = args.budget or (at.budget_tokens if at is not None else LOCAL_BUDGET_TOKENS)
     idle_budget = getattr(args, "idle_budget", 0)  # None: up's own pick
     if idle_budget is None:
         # Not in SLO mode: the controller chooses the budget there, and the idle budget may not
         # be under it.
-        chunked = args.policy in CHUNKED_POLICIES and auto.idle_budget_tokens >= budget
+        idle = at.idle_budget_tokens if at is not None else 0
+        chunked = args.policy in CHUNKED_POLICIES and idle >= budget
         slo_mode = bool(getattr(args, "tbt_slo", 0))
-        idle_budget = auto.idle_budget_tokens if pp == auto.pp and chunked and not slo_mode else 0
+        idle_budget = idle if chunked and not slo_mode else 0
     return LocalClusterConfig(
         model_dir=model_dir,
         pp=pp,
