@@ -393,8 +393,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting controller and {config.pp}x{config.tp} workers ...", file=sys.stderr)
     stop = threading.Event()
     try:
-        # Ctrl-C or SIGTERM while starting: start() stops what it started on the way out.
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        # Ctrl-C or SIGTERM while starting: start() stops what it started on the way out. Set
+        # for SIGINT too: a shell starts a background job with SIGINT ignored, and Python then
+        # leaves it so.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_interrupt)
         cluster.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
