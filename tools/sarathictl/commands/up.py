@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("sarathictl: interrupted while starting", file=sys.stderr)
         return 130
-    except RuntimeError as err:  # a child died
+    except (RuntimeError, TimeoutError) as err:  # a child died; not serving within 300 s
         print(f"sarathictl: {err}", file=sys.stderr)
         return 1
     finally:
