@@ -54,6 +54,10 @@ def test_tune_layout_keeps_the_winner_and_up_runs_it(
         assert "measured on this machine by `sarathictl tune-layout`" in output.text()
     finally:
         up.send_signal(signal.SIGINT)
-        rest = output.rest(60)
-        up.wait(10)
+        try:
+            rest = output.rest(60)
+        finally:
+            if up.poll() is None:  # a failed test leaves nothing behind
+                up.kill()
+            up.wait(10)
     assert "stopped: no process left behind" in rest

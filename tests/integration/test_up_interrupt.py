@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,21 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def start_up(model_dir: Path, log: Path) -> subprocess.Popen[str]:
-    """`up` in a process group of its own, as a shell runs a foreground job."""
-    return subprocess.Popen(
+@contextmanager
+def started_up(model_dir: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
+    """`up` in a process group of its own, as a shell runs a foreground job; killed if a test
+    fails with it still running (its children follow it: the parent-death signal)."""
+    up = subprocess.Popen(
         [sys.executable, "-m", "sarathictl.cli", "up", "--local", "--port", "0",
          "--model", str(model_dir), "--kv-cache-mb", "16", "--log-dir", str(log)],
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    try:
+        yield up
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
 
 
 def until(condition: Callable[[], bool], timeout_s: float) -> None:
@@ -59,11 +68,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_ctrl_c_while_starting_stops_quietly(model_dir: Path, tmp_path: Path) -> None:
-    up = start_up(model_dir, tmp_path)
-    until(lambda: len(children(up.pid)) >= 2, 60)  # the controller and a worker, not serving
-    spawned = children(up.pid)
-    os.killpg(up.pid, signal.SIGINT)
-    err = up.communicate(timeout=60)[1]
+    with started_up(model_dir, tmp_path) as up:
+        until(lambda: len(children(up.pid)) >= 2, 60)  # the controller and a worker, not serving
+        spawned = children(up.pid)
+        os.killpg(up.pid, signal.SIGINT)
+        err = up.communicate(timeout=60)[1]
     assert up.returncode == 130, err
     assert "interrupted while starting" in err and "stopped: no process left behind" in err
     assert "exited with code" not in err
@@ -74,13 +83,13 @@ def test_ctrl_c_while_starting_stops_quietly(model_dir: Path, tmp_path: Path) ->
 def test_ctrl_c_while_serving_stops_everything_and_restarts_nothing(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    up = start_up(model_dir, tmp_path)
-    assert up.stderr is not None
-    output = LineReader(up.stderr)
-    output.until(lambda line: line.startswith("serving on"), 120)
-    spawned = children(up.pid)
-    os.killpg(up.pid, signal.SIGINT)
-    err = output.rest(60)
-    assert up.wait(10) == 0, err
+    with started_up(model_dir, tmp_path) as up:
+        assert up.stderr is not None
+        output = LineReader(up.stderr)
+        output.until(lambda line: line.startswith("serving on"), 120)
+        spawned = children(up.pid)
+        os.killpg(up.pid, signal.SIGINT)
+        err = output.rest(60)
+        assert up.wait(10) == 0, err
     assert "stopped: no process left behind" in err and "restarted" not in err
     until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), 10)
