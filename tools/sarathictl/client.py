@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,16 +35,27 @@ class RetryPolicy:
     max_retries: int = 8
     """Retries in a row without a token received in between."""
     max_retries_unanswered: int = 2
-    """Retries while the channel has never connected (connection refused, nothing listening):
-    most often no cluster is up, which the user should hear in about a second, not after the
-    whole backoff. Once a controller has been reached (a stream cut, a call refused while the
-    pipeline is not ready or a standby takes over), max_retries."""
+    """Retries while no connection could be made and nothing has answered (connection refused,
+    nothing listening): most often no cluster is up, which the user should hear in about a
+    second, not after the whole backoff. A controller that refused the call (not ready, a
+    standby taking over) or a stream cut after its first answer gets max_retries."""
     first_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
 
     def backoff_s(self, retry_number: int) -> float:
         """Wait before retry number n (1-based): doubling from first_backoff_s, capped."""
         return min(self.max_backoff_s, self.first_backoff_s * 2 ** (retry_number - 1))
+
+
+_NO_CONNECTION = ("failed to connect", "connections to all backends failing", "dns resolution")
+"""What gRPC's own UNAVAILABLE says when no connection could be made (versions word it
+differently); a controller's UNAVAILABLE (not ready, shutting down, a stage down) says none."""
+
+
+def nobody_listens(err: grpc.RpcError) -> bool:
+    """True when the call found no controller at all, rather than one that refused it."""
+    details = (err.details() or "").lower()
+    return any(marker in details for marker in _NO_CONNECTION)
 
 
 def _copy(request: generate_pb2.GenerateRequest) -> generate_pb2.GenerateRequest:
@@ -66,10 +76,6 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(addr, CHANNEL_OPTIONS)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        # Whether the channel has ever connected: a controller that refuses a call (not ready,
-        # failing over) has answered; a port nobody listens on has not.
-        self._connected = threading.Event()
-        self._channel.subscribe(self._on_connectivity)
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
     def generate(
@@ -89,8 +95,8 @@ class Client:
         with the token ids received so far (`resume_token_ids`) and the seed the first message
         named, so the stream goes on where it was cut: same tokens, none repeated or missing.
         Retries back off exponentially and are counted from the last token received; past
-        `retry.max_retries` (`retry.max_retries_unanswered` while the channel never connected)
-        the error is raised. on_retry(retry_number, limit, tokens_received, error) is called
+        `retry.max_retries` (`retry.max_retries_unanswered` while nobody listens) the error is
+        raised. on_retry(retry_number, limit, tokens_received, error) is called
         before each retry. timeout_s bounds the whole stream, retries included."""
         retry = retry or RetryPolicy()
         request = _copy(request)
@@ -114,7 +120,7 @@ class Client:
                 return
             except grpc.RpcError as err:
                 limit = retry.max_retries
-                if not (answered or self._connected.is_set()):
+                if not answered and nobody_listens(err):
                     limit = min(limit, retry.max_retries_unanswered)
                 if err.code() != grpc.StatusCode.UNAVAILABLE or failures >= limit:
                     raise
@@ -131,12 +137,7 @@ class Client:
         )
         return response
 
-    def _on_connectivity(self, state: grpc.ChannelConnectivity) -> None:
-        if state == grpc.ChannelConnectivity.READY:
-            self._connected.set()
-
     def close(self) -> None:
-        self._channel.unsubscribe(self._on_connectivity)
         self._channel.close()
 
     def __enter__(self) -> Client:
