@@ -1,6 +1,7 @@
 """The layout `sarathictl tune-layout` measured, kept per machine, and what `up --local` makes of
-it: the measured winner where the CPU, cores, dtype and model are the ones measured, the rule's
-layout anywhere else, and a start whatever state the file is in."""
+it: the measured winner (its depth, and for --dtype auto its dtype) where the CPU, cores, dtype
+asked for and model are the ones measured, the rule's layout anywhere else, and a start whatever
+state the file is in."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from sarathictl.commands import up
+from sarathictl.commands.tune_layout import turns
 from sarathictl.layout_file import (
     LayoutFigures,
     LayoutFileError,
     MeasuredLayout,
-    choose_pp,
+    choose,
     machine_key,
     read_measured,
     write_measured,
@@ -26,13 +28,29 @@ CPUINFO = (
 )
 
 
-def figures(pp: int, requests_per_s: float, tpot_ms: float) -> LayoutFigures:
-    return LayoutFigures(pp, 2 // pp, 64 * pp, requests_per_s, 900.0, tpot_ms)
+def figures(
+    pp: int, requests_per_s: float, tpot_ms: float, dtype: str = "float32"
+) -> LayoutFigures:
+    return LayoutFigures(pp, dtype, 2 // pp, 64 * pp, requests_per_s, 900.0, tpot_ms)
+
+
+WORKLOAD = "3 rounds of a lone request and a burst of 8 requests of 256 + 64 tokens"
 
 
 def measured(pp: int) -> MeasuredLayout:
     both = (figures(1, 0.6, 24.0), figures(2, 0.5, 36.0))
-    return MeasuredLayout(pp, "2026-11-27", "bursts of 8 requests of 256 + 64 tokens", both)
+    return MeasuredLayout(pp, "float32", "2026-11-27", WORKLOAD, both)
+
+
+def measured_two_dtypes() -> MeasuredLayout:
+    """As on a CPU with native bf16: PP=2 in bf16 serves most, and at PP=1 float32 beats bf16."""
+    four = (
+        figures(1, 0.50, 20.0, "bfloat16"),
+        figures(2, 0.70, 40.0, "bfloat16"),
+        figures(1, 0.60, 18.0, "float32"),
+        figures(2, 0.55, 30.0, "float32"),
+    )
+    return MeasuredLayout(2, "bfloat16", "2026-11-27", WORKLOAD, four)
 
 
 @pytest.fixture
@@ -66,12 +84,18 @@ def test_the_key_names_the_cpu_its_kernel_flags_the_cores_the_dtype_and_the_mode
 
 
 def test_the_fastest_layout_wins_and_a_near_tie_goes_to_the_faster_decode() -> None:
-    assert choose_pp((figures(1, 0.60, 30.0), figures(2, 0.45, 20.0))) == 1
-    assert choose_pp((figures(1, 0.40, 20.0), figures(2, 0.45, 30.0))) == 2
+    assert choose((figures(1, 0.60, 30.0), figures(2, 0.45, 20.0))).pp == 1
+    assert choose((figures(1, 0.40, 20.0), figures(2, 0.45, 30.0))).pp == 2
     # within 5% of the best throughput: the lone request's TPOT decides
-    assert choose_pp((figures(1, 0.44, 20.0), figures(2, 0.45, 30.0))) == 1
+    assert choose((figures(1, 0.44, 20.0), figures(2, 0.45, 30.0))).pp == 1
     with pytest.raises(ValueError, match="no layout"):
-        choose_pp(())
+        choose(())
+    # each depth's own winner, for a --pp given to up
+    two = measured_two_dtypes()
+    assert two.winner().name == "PP=2 bfloat16"
+    assert two.best_at(1) == figures(1, 0.60, 18.0, "float32")
+    assert two.best_at(2) == two.winner()
+    assert two.best_at(4) is None
 
 
 def test_an_entry_is_read_back_for_its_machine_only_and_others_stay(
@@ -101,16 +125,20 @@ def test_an_unreadable_file_is_reported_and_replaced_by_the_next_measurement(
     zeroed = json.dumps(entry)
     entry["machines"][key.as_text()]["figures"][1]["burst_requests_per_s"] = "0.5"
     stringly = json.dumps(entry)
+    entry["machines"][key.as_text()]["figures"][1]["burst_requests_per_s"] = 0.5
+    entry["machines"][key.as_text()]["figures"][1]["dtype"] = "float8"
+    unknown_dtype = json.dumps(entry)
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(LayoutFileError, match="decode"):
         read_measured(path, key)
     for text, why in (
         ("{", "not JSON"),
-        ('{"version": 99, "machines": {}}', "not a version 1"),
-        ('{"version": 1}', "no `machines`"),
-        (json.dumps({"version": 1, "machines": {key.as_text(): {"pp": 1}}}), "malformed"),
+        ('{"version": 1, "machines": {}}', "not a version 2 layout file .`sarathictl tune"),
+        ('{"version": 2}', "no `machines`"),
+        (json.dumps({"version": 2, "machines": {key.as_text(): {"pp": 1}}}), "malformed"),
         (zeroed, "malformed"),
         (stringly, "malformed"),
+        (unknown_dtype, "unknown dtype float8"),
     ):
         path.write_text(text)
         with pytest.raises(LayoutFileError, match=why):
@@ -119,11 +147,14 @@ def test_an_unreadable_file_is_reported_and_replaced_by_the_next_measurement(
     assert read_measured(path, key) == measured(2)
 
 
-def test_the_reason_gives_the_ratios_against_the_other_layout() -> None:
+def test_the_reason_gives_the_ratios_against_every_other_layout() -> None:
     why = measured(1).why()
     assert "on 2026-11-27" in why
-    assert "1.20x PP=2's throughput, 0.67x its TPOT" in why
-    assert "bursts of 8 requests" in why
+    assert "1.20x PP=2 float32's throughput, 0.67x its TPOT" in why
+    assert "a burst of 8 requests" in why
+    two = measured_two_dtypes().why()
+    assert two.count("x its TPOT") == 3
+    assert "1.40x PP=1 bfloat16's throughput, 2.00x its TPOT" in two
 
 
 def up_args(model_dir: Path, layout_file: Path | str, *flags: str) -> argparse.Namespace:
@@ -147,13 +178,14 @@ def test_up_runs_the_measured_layout_and_says_so(
     args = up_args(model_dir, path)
     assert up.cluster_config(args, port=0).pp == rule_pp  # nothing measured: the rule
     won = 3 - rule_pp  # the measurement says the other depth
-    write_measured(path, machine_key(str(model_dir), "float32"), measured(won))
+    write_measured(path, machine_key(str(model_dir), "auto"), measured(won))  # up's --dtype
     config = up.cluster_config(args, port=0)
     assert (config.pp, config.budget_tokens) == (won, up.LAYOUTS[won].budget_tokens)
     assert config.idle_budget_tokens == up.LAYOUTS[won].idle_budget_tokens
     assert config.threads_per_worker == 2 // won
     said = up.describe_layout(config, args)
-    assert f"PP={won}, " in said and "measured on this machine by `sarathictl tune-layout`" in said
+    assert f"PP={won} float32, " in said
+    assert "measured on this machine by `sarathictl tune-layout`" in said
     # --pp wins over the measurement, and takes the budgets measured for its own depth
     given = up.cluster_config(up_args(model_dir, path, "--pp", str(rule_pp)), port=0)
     assert given.pp == rule_pp
@@ -162,9 +194,55 @@ def test_up_runs_the_measured_layout_and_says_so(
     # tune-layout measures TP=1: another TP goes by the rule; so does an empty --layout-file
     assert up.cluster_config(up_args(model_dir, path, "--tp", "2"), port=0).pp == rule_pp
     assert up.cluster_config(up_args(model_dir, ""), port=0).pp == rule_pp
-    # measured in another dtype: not this one's
-    bf16 = up_args(model_dir, path, "--dtype", "bfloat16")
-    assert up.cluster_config(bf16, port=0).pp == up.default_layout("cpu", "bfloat16").pp
+    # measured for --dtype auto: not for a dtype named, even the same one
+    for dtype in ("float32", "bfloat16"):
+        named = up_args(model_dir, path, "--dtype", dtype)
+        assert up.cluster_config(named, port=0).pp == up.default_layout("cpu", dtype).pp
+
+
+def test_up_runs_the_dtype_measured_fastest_at_its_depth(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path
+) -> None:
+    """On a CPU with native bf16, tune-layout measures bf16 and float32 at both depths; `up
+    --dtype auto` runs the winner, and at a --pp given, that depth's fastest dtype."""
+    monkeypatch.setattr(up, "default_dtype", lambda _device: "bfloat16")
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    path = tmp_path / "layouts.json"
+    write_measured(path, machine_key(str(model_dir), "auto"), measured_two_dtypes())
+    args = up_args(model_dir, path)
+    config = up.cluster_config(args, port=0)
+    assert (config.pp, config.dtype) == (2, "bfloat16")
+    said = up.describe_layout(config, args)
+    assert "bfloat16: measured faster than float32 at PP=2 here by `sarathictl tune-layout`" in said
+    assert "PP=2 bfloat16, a share of the cores a stage: measured on this machine" in said
+    at_pp1 = up_args(model_dir, path, "--pp", "1")
+    config = up.cluster_config(at_pp1, port=0)
+    assert (config.pp, config.dtype) == (1, "float32")
+    assert "float32: measured faster than bfloat16 at PP=1" in up.describe_layout(config, at_pp1)
+    # a dtype named is run as named
+    named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
+    assert named.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("flags", "fused", "dtypes"),
+    [
+        ("avx2 fma avx512_bf16", True, ("bfloat16", "float32")),
+        ("avx2 fma amx_bf16 amx_tile", True, ("bfloat16", "float32")),
+        ("avx512_bf16", False, ("bfloat16",)),  # no float32 kernels: bf16 only
+        ("avx2 fma", True, ("float32",)),
+    ],
+)
+def test_tune_layout_measures_float32_beside_native_bf16_where_the_float32_kernels_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: str, fused: bool, dtypes: tuple[str]
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"model name\t: Example CPU\nflags\t\t: fpu {flags}\n")
+    rule = up.default_dtype
+    monkeypatch.setattr(up, "default_dtype", lambda device: rule(device, str(cpuinfo)))
+    monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if fused else None)
+    assert up.auto_dtypes() == dtypes
+    assert up.auto_dtypes("cuda") == ("bfloat16",)
 
 
 def test_up_starts_on_the_rule_when_the_file_is_unreadable_and_says_why(
@@ -177,3 +255,9 @@ def test_up_starts_on_the_rule_when_the_file_is_unreadable_and_says_why(
     config = up.cluster_config(args, port=0)
     assert config.pp == up.default_layout("cpu", "float32").pp
     assert f"the measured layouts passed over: {path}: not JSON" in up.describe_layout(config, args)
+
+
+def test_the_layouts_take_turns_forwards_then_backwards_so_drift_falls_on_all_alike() -> None:
+    assert turns(2, 3) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
+    assert [i for _, i in turns(4, 2)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert turns(2, 1) == [(0, 0), (0, 1)]

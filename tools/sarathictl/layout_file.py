@@ -2,8 +2,9 @@
 
 One JSON file maps a machine key to the layouts measured there and the one that won. The key
 names everything the result depends on: the CPU (its model name and the flags our kernels and
-dtype choice go by), the cores this process may use, the dtype and the model's shape (a hash of
-its config.json). A measurement is never applied to another CPU, core count, dtype or model.
+dtype choice go by), the cores this process may use, the dtype `up` is asked for (`auto`, which
+lets the measurement choose the dtype too, or a name) and the model's shape (a hash of its
+config.json). A measurement is never applied to another CPU, core count, dtype or model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stage_worker.dtype_names import DTYPE_NAMES
+
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 """The /proc/cpuinfo flags the kernels and the dtype are chosen by."""
 
@@ -22,7 +25,8 @@ THROUGHPUT_TIE = 0.05
 """Layouts whose burst throughput is within this share of the best one's are a tie, which the
 lone request's TPOT breaks: one run's noise on a shared machine is about that size."""
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2 since each layout names its dtype (session 24); a version 1 file is passed over."""
 
 
 def default_layout_file() -> Path:
@@ -44,6 +48,7 @@ class MachineKey:
     cores: int
     """Cores this process may run on."""
     dtype: str
+    """The dtype asked for: `auto` or a name (the dtype each layout ran is in its figures)."""
     model: str
     """The first 16 hex digits of config.json's SHA-256: the model's shape."""
 
@@ -79,40 +84,53 @@ def machine_key(model_dir: str, dtype: str, cpuinfo: str = "/proc/cpuinfo") -> M
 
 @dataclass(frozen=True)
 class LayoutFigures:
-    """One layout as tune-layout ran it, and what it measured."""
+    """One layout as tune-layout ran it, and what it measured (medians over its rounds)."""
 
     pp: int
+    dtype: str
     threads_per_worker: int
     budget_tokens: int
     burst_requests_per_s: float
-    """Requests sent at once, over the seconds until the last one's last token (median of the
-    repeats)."""
+    """Requests sent at once, over the seconds until the last one's last token."""
     lone_ttft_ms: float
     lone_tpot_ms: float
     """A request alone: its first token's time, and the mean gap between its tokens after it."""
+
+    @property
+    def name(self) -> str:
+        return f"PP={self.pp} {self.dtype}"
 
 
 @dataclass(frozen=True)
 class MeasuredLayout:
     pp: int
-    """The depth that won (choose_pp)."""
+    dtype: str
+    """The layout that won (choose)."""
     measured_on: str
     """ISO date."""
     workload: str
-    """What the burst was, in words (e.g. `8 requests of 256 + 64 tokens`)."""
+    """What was measured, in words (e.g. `3 rounds of a lone request and a burst of 8 requests
+    of 256 + 64 tokens`)."""
     figures: tuple[LayoutFigures, ...]
 
     def winner(self) -> LayoutFigures:
-        return next(f for f in self.figures if f.pp == self.pp)
+        return next(f for f in self.figures if (f.pp, f.dtype) == (self.pp, self.dtype))
 
-    def why(self) -> str:
-        """Up's line: where the choice came from and what it measured."""
-        won = self.winner()
+    def best_at(self, pp: int) -> LayoutFigures | None:
+        """The winner among the layouts of depth `pp` (what runs when --pp is given), None when
+        that depth was not measured."""
+        at = tuple(f for f in self.figures if f.pp == pp)
+        return choose(at) if at else None
+
+    def why(self, won: LayoutFigures | None = None) -> str:
+        """Up's line: where the choice of `won` (default: the winner) came from and what it
+        measured against every other layout."""
+        won = won or self.winner()
         others = "; ".join(
-            f"{won.burst_requests_per_s / f.burst_requests_per_s:.2f}x PP={f.pp}'s throughput, "
+            f"{won.burst_requests_per_s / f.burst_requests_per_s:.2f}x {f.name}'s throughput, "
             f"{won.lone_tpot_ms / f.lone_tpot_ms:.2f}x its TPOT"
             for f in self.figures
-            if f.pp != self.pp
+            if f != won
         )
         return (
             f"measured on this machine by `sarathictl tune-layout` on {self.measured_on} "
@@ -120,14 +138,14 @@ class MeasuredLayout:
         )
 
 
-def choose_pp(figures: tuple[LayoutFigures, ...]) -> int:
-    """The depth with the highest burst throughput; among those within THROUGHPUT_TIE of it, the
-    one whose lone request decodes fastest."""
+def choose(figures: tuple[LayoutFigures, ...]) -> LayoutFigures:
+    """The layout with the highest burst throughput; among those within THROUGHPUT_TIE of it,
+    the one whose lone request decodes fastest."""
     if not figures:
-        raise ValueError("choose_pp: no layout measured")
+        raise ValueError("choose: no layout measured")
     best = max(f.burst_requests_per_s for f in figures)
     tied = [f for f in figures if f.burst_requests_per_s >= best * (1 - THROUGHPUT_TIE)]
-    return min(tied, key=lambda f: f.lone_tpot_ms).pp
+    return min(tied, key=lambda f: f.lone_tpot_ms)
 
 
 class LayoutFileError(ValueError):
@@ -146,7 +164,10 @@ def _read_all(path: Path) -> dict[str, object]:
     except json.JSONDecodeError as err:
         raise LayoutFileError(f"{path}: not JSON ({err})") from err
     if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-        raise LayoutFileError(f"{path}: not a version {FORMAT_VERSION} layout file")
+        raise LayoutFileError(
+            f"{path}: not a version {FORMAT_VERSION} layout file (`sarathictl tune-layout` "
+            "writes one)"
+        )
     machines = data.get("machines")
     if not isinstance(machines, dict):
         raise LayoutFileError(f"{path}: no `machines` table")
@@ -166,6 +187,7 @@ def read_measured(path: Path, key: MachineKey) -> MeasuredLayout | None:
         figures = tuple(LayoutFigures(**f) for f in entry["figures"])
         measured = MeasuredLayout(
             pp=int(entry["pp"]),
+            dtype=str(entry["dtype"]),
             measured_on=str(entry["measured_on"]),
             workload=str(entry["workload"]),
             figures=figures,
@@ -181,6 +203,9 @@ def read_measured(path: Path, key: MachineKey) -> MeasuredLayout | None:
     )
     if not figures_ok:
         raise LayoutFileError(f"{malformed}: figures must be positive numbers")
+    unknown = sorted({f.dtype for f in figures} - set(DTYPE_NAMES))
+    if unknown:
+        raise LayoutFileError(f"{malformed}: unknown dtype {', '.join(map(str, unknown))}")
     return measured
 
 

@@ -1,5 +1,5 @@
-"""What `sarathictl tune-layout` measures on one running layout: a lone request (its first
-token and its pace after it), then bursts of requests sent at once (their throughput).
+"""What `sarathictl tune-layout` measures on one running layout in one round: a lone request
+(its first token and its pace after it), then a burst of requests sent at once (its throughput).
 
 The two stand for the two ends of a serving load: light load, where a request's TPOT is one
 step of a lone decode, and saturation, where what counts is how many prompt and output tokens
@@ -9,7 +9,6 @@ the layout gets through. Every prompt is drawn afresh, so the prefix cache compu
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,20 +28,22 @@ class ProbeWorkload:
     """Requests in each burst."""
     prompt_tokens: int
     output_tokens: int
-    repeats: int
-    """Bursts; their median throughput is taken."""
+    rounds: int
+    """How many times each layout is started and measured, the layouts in turn (tune-layout);
+    the medians are kept."""
 
     def describe(self) -> str:
+        rounds = f"{self.rounds} round{'' if self.rounds == 1 else 's'}"
         return (
-            f"bursts of {self.requests} requests of {self.prompt_tokens} + "
-            f"{self.output_tokens} tokens"
+            f"{rounds} of a lone request and a burst of {self.requests} requests of "
+            f"{self.prompt_tokens} + {self.output_tokens} tokens"
         )
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     burst_requests_per_s: float
-    """Median over the bursts of requests over seconds from sending to the last token."""
+    """Requests over the seconds from sending them to the last one's last token."""
     lone_ttft_s: float
     lone_tpot_s: float
 
@@ -75,8 +76,8 @@ async def probe(
     addr: str, workload: ProbeWorkload, seed: int, hear: Callable[[str], None] = lambda _: None
 ) -> ProbeResult:
     """A warm-up (a short burst, so that no kernel's first call is measured), the lone request,
-    then the bursts, one after the other with the cluster idle in between; `hear` gets a line
-    after each."""
+    then the burst, one after the other with the cluster idle in between; `hear` gets a line
+    after each. The same seed draws the same prompts."""
     rng = np.random.default_rng(seed)
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
@@ -85,9 +86,7 @@ async def probe(
         await until_idle(stub)
         ttft_s, tpot_s = await lone_request(stub, rng, workload)
         hear(f"alone: TTFT {ttft_s * 1e3:.0f} ms, TPOT {tpot_s * 1e3:.1f} ms")
-        rates = []
-        for number in range(1, workload.repeats + 1):
-            await until_idle(stub)
-            rates.append(await burst_requests_per_s(stub, rng, workload))
-            hear(f"burst {number} of {workload.repeats}: {rates[-1]:.3g} req/s")
-    return ProbeResult(statistics.median(rates), ttft_s, tpot_s)
+        await until_idle(stub)
+        rate = await burst_requests_per_s(stub, rng, workload)
+        hear(f"burst of {workload.requests}: {rate:.3g} req/s")
+    return ProbeResult(rate, ttft_s, tpot_s)

@@ -3,10 +3,13 @@ the fastest, which `up` then runs whenever --pp is not given.
 
 Which layout wins depends on the CPU: on the AVX2 EPYCs one stage on both cores beat two
 one-core stages in float32 (BENCHMARKS.md), and on CPUs with AVX512-BF16 or AMX nobody has
-measured it yet. So rather than guess, each layout is started in turn as `up` would start it
-(its threads, budgets and KV cache), given the same requests (bursts sent at once and a lone
-request, bench/layout_probe.py) and stopped; the winner is written to the layout file, keyed by
-this CPU, its cores, the dtype and the model (layout_file.py).
+measured it yet, nor whether bf16 through oneDNN beats float32 through our AVX2 kernels there.
+So rather than guess, each layout (a depth and, for `--dtype auto`, each dtype auto may run) is
+started as `up` would start it (its threads, budgets and KV cache), given the same requests (a
+lone request and a burst sent at once, bench/layout_probe.py) and stopped. The layouts take
+turns over several rounds, in the order ABBA..., so that a shared machine's drift over minutes
+falls on all of them alike; each layout's medians decide, and the winner is written to the
+layout file, keyed by this CPU, its cores, the dtype asked for and the model (layout_file.py).
 """
 
 from __future__ import annotations
@@ -14,18 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
 from sarathictl.argtypes import int_at_least
-from sarathictl.bench.layout_probe import ProbeWorkload, probe
+from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload, probe
 from sarathictl.bench.progress import say
 from sarathictl.commands.up import (
     LAYOUTS,
     AutoLayout,
-    default_dtype,
+    auto_dtypes,
     resolve_model,
     threads_per_worker,
 )
@@ -33,7 +37,7 @@ from sarathictl.layout_file import (
     LayoutFigures,
     MachineKey,
     MeasuredLayout,
-    choose_pp,
+    choose,
     default_layout_file,
     machine_key,
     write_measured,
@@ -45,22 +49,27 @@ from stage_worker.dtype_names import DTYPE_NAMES
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "tune-layout",
-        help="measure PP=1 and PP=2 on this machine; `up --local` then runs the faster",
+        help="measure PP=1 and PP=2 (and bf16 against float32 where the CPU has both) on this "
+        "machine; `up --local` then runs the fastest",
     )
     p.add_argument("--model", default="demo", help="model folder, or `demo` (SmolLM2-135M)")
     p.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", *sorted(DTYPE_NAMES)],
-        help="worker dtype (auto: as `up` picks it); `up` uses a measurement only at its dtype",
+        help="worker dtype (auto: each dtype `up --dtype auto` may run here, bf16 and float32 "
+        "where the CPU computes bf16 natively); `up` uses a measurement only at its --dtype",
     )
-    p.add_argument("--requests", type=int_at_least(1), default=8, help="requests per burst")
+    p.add_argument("--requests", type=int_at_least(1), default=8, help="requests in the burst")
     p.add_argument("--prompt-tokens", type=int_at_least(1), default=256, help="each prompt")
     p.add_argument(
         "--output-tokens", type=int_at_least(2), default=64, help="tokens each request asks for"
     )
     p.add_argument(
-        "--repeats", type=int_at_least(1), default=2, help="bursts per layout (median taken)"
+        "--rounds",
+        type=int_at_least(1),
+        default=3,
+        help="times each layout is started and measured, the layouts in turn (medians kept)",
     )
     p.add_argument("--kv-cache-mb", type=int_at_least(1), default=256, help="KV cache per worker")
     p.add_argument(
@@ -70,25 +79,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "~/.cache/sarathi-cluster/layouts.json); other machines' entries stay",
     )
     p.add_argument(
-        "--seed", type=int_at_least(0), default=0, help="prompts' seed (the same each layout)"
+        "--seed",
+        type=int_at_least(0),
+        default=0,
+        help="prompts' seed (each round draws new prompts, the same for every layout)",
     )
     p.add_argument("--json", action="store_true", help="the measurement as JSON on stdout")
     p.set_defaults(run=run)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    layout: AutoLayout
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"PP={self.layout.pp} {self.dtype}"
+
+
 def layout_config(
-    layout: AutoLayout, model_dir: str, dtype: str, args: argparse.Namespace
+    candidate: Candidate, model_dir: str, args: argparse.Namespace
 ) -> LocalClusterConfig:
     """The layout as `up --local` starts it, on free ports."""
     return LocalClusterConfig(
         model_dir=model_dir,
-        pp=layout.pp,
-        budget_tokens=layout.budget_tokens,
-        idle_budget_tokens=layout.idle_budget_tokens,
+        pp=candidate.layout.pp,
+        budget_tokens=candidate.layout.budget_tokens,
+        idle_budget_tokens=candidate.layout.idle_budget_tokens,
         port=0,
-        dtype=dtype,
+        dtype=candidate.dtype,
         device="cpu",
-        threads_per_worker=threads_per_worker(layout.pp),
+        threads_per_worker=threads_per_worker(candidate.layout.pp),
         kv_cache_bytes=args.kv_cache_mb << 20,
     )
 
@@ -108,8 +130,24 @@ def check_before_measuring(configs: list[LocalClusterConfig], workload: ProbeWor
         )
 
 
-def measure_layout(config: LocalClusterConfig, workload: ProbeWorkload, seed: int) -> LayoutFigures:
-    label = f"[PP={config.pp}]"
+def turns(count: int, rounds: int) -> list[tuple[int, int]]:
+    """(round, candidate index) in the order measured: forwards in even rounds, backwards in
+    odd ones (ABBA...), so that drift in the machine's speed falls on every candidate alike."""
+    order: list[tuple[int, int]] = []
+    for r in range(rounds):
+        indices = range(count) if r % 2 == 0 else reversed(range(count))
+        order.extend((r, i) for i in indices)
+    return order
+
+
+def measure_once(
+    candidate: Candidate,
+    config: LocalClusterConfig,
+    workload: ProbeWorkload,
+    seed: int,
+    round_label: str,
+) -> ProbeResult:
+    label = f"[{candidate.name}, {round_label}]"
     say(
         f"{label} starting: {config.threads_per_worker} thread(s) per worker, budget "
         f"{config.budget_tokens}"
@@ -121,16 +159,42 @@ def measure_layout(config: LocalClusterConfig, workload: ProbeWorkload, seed: in
         result = asyncio.run(
             probe(cluster.addr, workload, seed, lambda line: say(f"{label} {line}"))
         )
-    figures = LayoutFigures(
-        pp=config.pp,
+    say(f"{label} done in {time.perf_counter() - started:.0f} s")
+    return result
+
+
+def medians(
+    candidate: Candidate, config: LocalClusterConfig, runs: list[ProbeResult]
+) -> LayoutFigures:
+    return LayoutFigures(
+        pp=candidate.layout.pp,
+        dtype=candidate.dtype,
         threads_per_worker=config.threads_per_worker,
         budget_tokens=config.budget_tokens,
-        burst_requests_per_s=result.burst_requests_per_s,
-        lone_ttft_ms=result.lone_ttft_s * 1e3,
-        lone_tpot_ms=result.lone_tpot_s * 1e3,
+        burst_requests_per_s=statistics.median(r.burst_requests_per_s for r in runs),
+        lone_ttft_ms=statistics.median(r.lone_ttft_s for r in runs) * 1e3,
+        lone_tpot_ms=statistics.median(r.lone_tpot_s for r in runs) * 1e3,
     )
-    say(f"{label} done in {time.perf_counter() - started:.0f} s")
-    return figures
+
+
+def measure_all(
+    candidates: list[Candidate],
+    model_dir: str,
+    workload: ProbeWorkload,
+    args: argparse.Namespace,
+) -> tuple[LayoutFigures, ...]:
+    configs = [layout_config(c, model_dir, args) for c in candidates]
+    check_before_measuring(configs, workload)
+    runs: list[list[ProbeResult]] = [[] for _ in candidates]
+    for r, i in turns(len(candidates), workload.rounds):
+        round_label = f"round {r + 1} of {workload.rounds}"
+        # The round's seed: every candidate gets the same prompts within a round.
+        runs[i].append(
+            measure_once(candidates[i], configs[i], workload, args.seed + r, round_label)
+        )
+    return tuple(
+        medians(c, config, rs) for c, config, rs in zip(candidates, configs, runs, strict=True)
+    )
 
 
 def table(measured: MeasuredLayout) -> str:
@@ -139,7 +203,7 @@ def table(measured: MeasuredLayout) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for f in measured.figures:
-        name = f"**PP={f.pp}**" if f.pp == measured.pp else f"PP={f.pp}"
+        name = f"**{f.name}**" if f == measured.winner() else f.name
         rows.append(
             f"| {name} | {f.threads_per_worker} | {f.budget_tokens} | "
             f"{f.burst_requests_per_s:.3g} | {f.lone_ttft_ms:.0f} | {f.lone_tpot_ms:.1f} |"
@@ -148,32 +212,34 @@ def table(measured: MeasuredLayout) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    dtype = default_dtype() if args.dtype == "auto" else args.dtype
+    dtypes = auto_dtypes() if args.dtype == "auto" else (args.dtype,)
     model_dir = resolve_model(args.model)
-    key: MachineKey = machine_key(model_dir, dtype)
-    workload = ProbeWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.repeats)
+    key: MachineKey = machine_key(model_dir, args.dtype)
+    workload = ProbeWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.rounds)
+    candidates = [Candidate(layout, dtype) for dtype in dtypes for layout in LAYOUTS.values()]
     say(
-        f"[tune-layout] {key.cpu}, {key.cores} cores, {dtype}, {Path(model_dir).name}: each "
-        f"layout in turn, a lone request and {workload.describe()}; anything else running on "
-        "this machine skews the result"
+        f"[tune-layout] {key.cpu}, {key.cores} cores, {Path(model_dir).name}: "
+        f"{', '.join(c.name for c in candidates)}; {workload.describe()}, the layouts in turn. "
+        "Anything else running on this machine skews the result"
     )
-    configs = [layout_config(layout, model_dir, dtype, args) for layout in LAYOUTS.values()]
-    check_before_measuring(configs, workload)
-    figures = tuple(measure_layout(config, workload, args.seed) for config in configs)
+    figures = measure_all(candidates, model_dir, workload, args)
+    won = choose(figures)
     measured = MeasuredLayout(
-        pp=choose_pp(figures),
+        pp=won.pp,
+        dtype=won.dtype,
         measured_on=date.today().isoformat(),
         workload=workload.describe(),
         figures=figures,
     )
     path = Path(args.layout_file)
+    dtype_flag = "" if args.dtype == "auto" else f" --dtype {args.dtype}"
     write_measured(path, key, measured)
     if args.json:
         print(json.dumps({"machine": asdict(key), "layout": asdict(measured)}, indent=1))
     else:
         print(table(measured))
         print(
-            f"\n`sarathictl up --local` runs PP={measured.pp} on this machine ({dtype}, this "
+            f"\n`sarathictl up --local{dtype_flag}` runs {won.name} on this machine (this "
             f"model) from now on: {measured.why()}. Written to {path}."
         )
     return 0

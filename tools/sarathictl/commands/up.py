@@ -31,7 +31,8 @@ def resolve_model(model: str) -> str:
 
 def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     """bfloat16 on a GPU, and where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels
-    and the GEMV kernel then beat float32, and the weights take half the memory); else float32."""
+    beat its float32 ones there, and the weights take half the memory); else float32. The rule:
+    `sarathictl tune-layout` measures float32 through our own kernels beside it (auto_dtypes)."""
     if device != "cpu":
         return "bfloat16"
     try:
@@ -98,25 +99,74 @@ def default_layout(device: str, dtype: str) -> AutoLayout:
     return PP2_LAYOUT
 
 
+def auto_dtypes(device: str = "cpu") -> tuple[str, ...]:
+    """The dtypes `--dtype auto` may run here, for tune-layout to measure: default_dtype's pick;
+    on a CPU that computes bf16 natively, float32 beside it where the AVX2 float32 kernels load.
+    They read a bf16 checkpoint's weights as bf16 panels, so which of the two is faster there is
+    the machine's to say, and no one has measured it yet."""
+    rule = default_dtype(device)
+    if device != "cpu" or rule == "float32":
+        return (rule,)
+    from stage_worker import native  # torch: only when a cluster is configured
+
+    return (rule, "float32") if native.fused_kernels() is not None else (rule,)
+
+
+def rule_dtype_why(device: str, dtype: str) -> str:
+    """Why default_dtype picked `dtype`, for up's line."""
+    if device != "cpu":
+        return "a GPU"
+    if dtype == "bfloat16":
+        return "this CPU computes bf16 natively"
+    return "this CPU has neither AVX512-BF16 nor AMX"
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """What up runs where the depth or the dtype is left to it, and why (up's lines)."""
+
+    auto: AutoLayout
+    """The layout without --pp."""
+    dtype: str
+    """The dtype, measured at the depth that runs, else default_dtype's (for --dtype auto)."""
+    why_dtype: str
+
+
 def machine_layout(
-    device: str, dtype: str, model_dir: str, layout_file: str, tp: int = 1
-) -> AutoLayout:
-    """The layout `sarathictl tune-layout` measured fastest for this CPU, dtype and model (it
-    measures TP=1), else default_layout's. A layout file that cannot be read is passed over,
-    and the reason goes into the layout's `why`, which up prints: up still starts."""
-    rule = default_layout(device, dtype)
+    device: str, dtype: str, model_dir: str, layout_file: str, tp: int = 1, pp: int | None = None
+) -> LayoutChoice:
+    """What `sarathictl tune-layout` measured fastest for this CPU, the dtype asked for (`auto`
+    or a name) and model: the winner's depth, and at depth `pp` (None: the winner's) its fastest
+    dtype. Else default_layout's and default_dtype's. tune-layout measures TP=1 only. A layout
+    file that cannot be read is passed over, and the reason goes into the layout's `why`, which
+    up prints: up still starts."""
+    rule_dtype = default_dtype(device) if dtype == "auto" else dtype
+    rule = LayoutChoice(
+        default_layout(device, rule_dtype), rule_dtype, rule_dtype_why(device, rule_dtype)
+    )
     if device != "cpu" or tp != 1 or not layout_file:
         return rule
     try:
         measured = read_measured(Path(layout_file), machine_key(model_dir, dtype))
     except LayoutFileError as err:
-        return dataclasses.replace(rule, why=f"{rule.why}; the measured layouts passed over: {err}")
-    if measured is None or measured.pp not in LAYOUTS:
+        auto = dataclasses.replace(
+            rule.auto, why=f"{rule.auto.why}; the measured layouts passed over: {err}"
+        )
+        return dataclasses.replace(rule, auto=auto)
+    won = None if measured is None else measured.best_at(pp or measured.pp)
+    if measured is None or won is None or measured.pp not in LAYOUTS:
         return rule
     chosen = LAYOUTS[measured.pp]
-    return dataclasses.replace(
-        chosen, why=f"PP={measured.pp}, {chosen.shape}: {measured.why()}; --pp to choose"
+    auto = dataclasses.replace(
+        chosen,
+        why=f"{measured.winner().name}, {chosen.shape}: {measured.why()}; --pp to choose",
     )
+    others = sorted({f.dtype for f in measured.figures if f.pp == won.pp} - {won.dtype})
+    why_dtype = (
+        f"measured faster than {' and '.join(others)} at PP={won.pp} here by `sarathictl "
+        "tune-layout`" if others else rule_dtype_why(device, won.dtype)
+    )  # fmt: skip
+    return LayoutChoice(auto, won.dtype, why_dtype)
 
 
 def layout_at(pp: int, auto: AutoLayout, device: str) -> AutoLayout | None:
@@ -138,18 +188,14 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
             f"  {config.threads_per_worker} torch thread(s) per worker: the cores shared out "
             f"among {workers} worker(s) (--threads to choose)"
         )
+    choice = machine_layout(
+        config.device, args.dtype, config.model_dir, args.layout_file, config.tp, args.pp
+    )
+    auto = choice.auto
     if args.dtype == "auto":
-        why = (
-            "a GPU" if config.device != "cpu"
-            else "this CPU computes bf16 natively" if config.dtype == "bfloat16"
-            else "this CPU has neither AVX512-BF16 nor AMX"
-        )  # fmt: skip
-        lines.append(f"  {config.dtype}: {why} (--dtype to choose)")
+        lines.append(f"  {config.dtype}: {choice.why_dtype} (--dtype to choose)")
     if config.pp > 1 and not config.layer_split:
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
-    auto = machine_layout(
-        config.device, config.dtype, config.model_dir, args.layout_file, config.tp
-    )
     if args.pp is None:
         lines.append(f"  {auto.why}")
     at = layout_at(config.pp, auto, config.device)
@@ -253,9 +299,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 def cluster_config(
     args: argparse.Namespace, port: int, http_port: int | None = None
 ) -> LocalClusterConfig:
-    dtype = default_dtype(args.device) if args.dtype == "auto" else args.dtype
     model_dir = resolve_model(args.model)
-    auto = machine_layout(args.device, dtype, model_dir, args.layout_file, args.tp)
+    choice = machine_layout(args.device, args.dtype, model_dir, args.layout_file, args.tp, args.pp)
+    auto, dtype = choice.auto, choice.dtype
     pp = args.pp or auto.pp
     # The budgets measured for a depth go with it, whether up picked the depth or it was given.
     at = layout_at(pp, auto, args.device)
