@@ -162,7 +162,10 @@ def add_request_and_startup_flags(p: argparse.ArgumentParser) -> None:
     unrelated flags, grouped only to keep their place in --help: between the network flags and
     the reliability ones.)"""
     p.add_argument(
-        "--default-max-tokens", type=int_at_least(1), default=256, help="max_tokens when unset"
+        "--default-max-tokens",
+        type=int_at_least(1),
+        default=256,
+        help="max_tokens of a gRPC or chat request that sets none (completions: OpenAI's 16)",
     )
     p.add_argument(
         "--worker-start-timeout",

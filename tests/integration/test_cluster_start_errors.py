@@ -132,6 +132,12 @@ def test_a_local_cluster_refuses_what_would_fail_before_spawning(model_dir: Path
             with pytest.raises(ValueError, match=f"{flag} {port}: Address already in use"):
                 cluster.start()
             assert cluster.procs == []
+    # --host names an address this machine does not have (TEST-NET-3, RFC 5737), or none at all
+    for host in ("203.0.113.7", "no-such-host.invalid"):
+        cluster = LocalCluster(LocalClusterConfig(str(model_dir), pp=1, port=50999, host=host))
+        with pytest.raises(ValueError, match=f"--host {host} is not an address of this machine"):
+            cluster.start()
+        assert cluster.procs == []
 
 
 def _listening(port: int) -> bool:

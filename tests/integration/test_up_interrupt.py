@@ -5,11 +5,14 @@ stops everything in order and nothing is restarted on the way out."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,12 +41,12 @@ def children(pid: int) -> list[int]:
 
 
 @contextmanager
-def started_up(model_dir: Path, log: Path) -> Iterator[subprocess.Popen[str]]:
+def started_up(model_dir: Path, log: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
     """`up` in a process group of its own, as a shell runs a foreground job; killed if a test
     fails with it still running (its children follow it: the parent-death signal)."""
     up = subprocess.Popen(
         [sys.executable, "-m", "sarathictl.cli", "up", "--local", "--port", "0",
-         "--model", str(model_dir), "--kv-cache-mb", "16", "--log-dir", str(log)],
+         "--model", str(model_dir), "--kv-cache-mb", "16", "--log-dir", str(log), *flags],
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -79,14 +82,42 @@ def test_ctrl_c_while_starting_stops_quietly(model_dir: Path, tmp_path: Path) ->
     until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), 10)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chat_completion_tokens(base_url: str) -> int:
+    """Tokens of a chat completion that sets no max_tokens (and ignores EOS, which a random
+    model may well pick first). The chat API takes --default-max-tokens then; completions
+    take OpenAI's 16."""
+    messages = [{"role": "user", "content": "Hello"}]
+    body = json.dumps({"model": "tiny-llama", "messages": messages, "ignore_eos": True}).encode()
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return int(json.load(response)["usage"]["completion_tokens"])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_ctrl_c_while_serving_stops_everything_and_restarts_nothing(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    with started_up(model_dir, tmp_path) as up:
+    """Served on every interface (--host 0.0.0.0) with --default-max-tokens, as a user serving
+    other machines would; then Ctrl-C."""
+    http_port = free_port()
+    flags = ("--host", "0.0.0.0", "--http-port", str(http_port), "--default-max-tokens", "3")
+    with started_up(model_dir, tmp_path, *flags) as up:
         assert up.stderr is not None
         output = LineReader(up.stderr)
-        output.until(lambda line: line.startswith("serving on"), 120)
+        banner = output.until(lambda line: line.startswith("serving on"), 120)
+        assert banner.startswith("serving on 127.0.0.1:"), banner
+        output.until(lambda line: "listening on 0.0.0.0: other machines" in line, 10)
+        controller_log = (tmp_path / "controller.log").read_text()
+        assert f"HTTP API and /metrics on 0.0.0.0:{http_port}" in controller_log
+        assert chat_completion_tokens(f"http://127.0.0.1:{http_port}/v1") == 3
         spawned = children(up.pid)
         os.killpg(up.pid, signal.SIGINT)
         err = output.rest(60)

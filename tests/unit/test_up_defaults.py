@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sarathictl.commands import up
-from sarathictl.local_cluster import LocalClusterConfig
+from sarathictl.local_cluster import LocalClusterConfig, connect_host
 
 
 @pytest.mark.parametrize(
@@ -160,3 +160,12 @@ def test_worker_flags_reach_every_worker_and_only_known_ones(tmp_path: Path) -> 
         parsed = worker.parse_args(["--controller", "tcp://x:1", "--model", "m", flag])
         dest = flag.removeprefix("--").removeprefix("no-").replace("-", "_")
         assert getattr(parsed, dest) is (not flag.startswith("--no-"))
+
+
+@pytest.mark.parametrize(
+    ("host", "dialed"),
+    [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("::", "[::1]"), ("::1", "[::1]"),
+     ("10.0.0.5", "10.0.0.5"), ("node-1", "node-1")],
+)  # fmt: skip
+def test_a_client_here_dials_loopback_for_a_wildcard_host(host: str, dialed: str) -> None:
+    assert connect_host(host) == dialed

@@ -80,6 +80,9 @@ class LocalClusterConfig:
     idle_budget_tokens: int = 0
     """Token budget while no sequence decodes (PP = 1; SchedulerConfig.idle_budget_tokens);
     0: budget_tokens always."""
+    host: str = "127.0.0.1"
+    """Where the controller's gRPC, HTTP and metrics ports listen (0.0.0.0: every interface, for
+    clients on other machines). The workers' sockets stay on 127.0.0.1."""
     port: int = 50051
     """gRPC port of the controller; 0 picks a free one."""
     http_port: int | None = None
@@ -126,6 +129,18 @@ class LocalClusterConfig:
         if not (Path(self.model_dir) / "config.json").is_file():
             raise ValueError(f"model_dir={self.model_dir!r} has no config.json")
         check_device(self.device)
+        if not self.host:
+            raise ValueError("host must not be empty (0.0.0.0: every interface)")
+
+
+def connect_host(host: str) -> str:
+    """The address a client on this machine dials for a server listening on `host`: loopback
+    for a wildcard, an IPv6 literal in brackets."""
+    if host == "0.0.0.0":
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 @dataclass
@@ -146,12 +161,12 @@ class LocalCluster:
 
     @property
     def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{connect_host(self.config.host)}:{self.port}"
 
     @property
     def http_base_url(self) -> str:
         """What the `openai` client takes as base_url."""
-        return f"http://127.0.0.1:{self.http_port}/v1"
+        return f"http://{connect_host(self.config.host)}:{self.http_port}/v1"
 
     def start(self, timeout_s: float = 300.0) -> None:
         cfg = self.config
@@ -164,7 +179,7 @@ class LocalCluster:
             ("--http-port", cfg.http_port),
             ("--metrics-port", cfg.metrics_port),
         ):
-            check_port_free(flag, port)
+            check_port_free(flag, port, cfg.host)
         try:
             self._spawn_all(placements)
             self._wait_serving(timeout_s)
@@ -189,7 +204,7 @@ class LocalCluster:
                 "--tp", str(cfg.tp), "--policy", cfg.policy, "--budget", str(cfg.budget_tokens),
                 *(["--idle-budget", str(cfg.idle_budget_tokens)] if cfg.idle_budget_tokens else []),
                 *(["--layer-split", split] if split else []),
-                "--port", str(self.port), "--control-addr", control,
+                "--host", cfg.host, "--port", str(self.port), "--control-addr", control,
                 *(["--http-port", str(self.http_port)] if self.http_port else []),
                 *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port else []),
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
@@ -331,19 +346,29 @@ def check_layers(cfg: LocalClusterConfig) -> None:
         default_split(spec, cfg.pp)
 
 
-def check_port_free(flag: str, port: int | None) -> None:
-    """ValueError naming the flag when something listens on 127.0.0.1:`port` (0 and None: the
-    port is picked, or there is none)."""
+def check_port_free(flag: str, port: int | None, host: str = "127.0.0.1") -> None:
+    """ValueError naming the flag when `host`:`port` cannot be bound, as when something listens
+    there (0 and None: the port is picked, or there is none)."""
     if not port:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # Like the servers: a port whose last connections linger in TIME_WAIT is free.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError as err:
-            hint = " (is a cluster already up?)" if err.errno == errno.EADDRINUSE else ""
-            raise ValueError(f"{flag} {port}: {err.strerror or err}{hint}") from None
+            raise ValueError(
+                f"{flag} {port}: {err.strerror or err}{_bind_hint(err, host)}"
+            ) from None
+
+
+def _bind_hint(err: OSError, host: str) -> str:
+    if err.errno == errno.EADDRINUSE:
+        return " (is a cluster already up?)"
+    if err.errno == errno.EADDRNOTAVAIL or isinstance(err, socket.gaierror):
+        return f" (--host {host} is not an address of this machine)"
+    return ""
 
 
 def _temp_log_dir() -> str:

@@ -16,7 +16,12 @@ from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
 from sarathictl.layout_file import LayoutFileError, default_layout_file, machine_key, read_measured
-from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS, LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import (
+    LOCAL_BUDGET_TOKENS,
+    LocalCluster,
+    LocalClusterConfig,
+    connect_host,
+)
 from stage_worker.dtype_names import DTYPE_NAMES
 
 
@@ -322,6 +327,7 @@ def cluster_config(
         policy=args.policy,
         budget_tokens=budget,
         idle_budget_tokens=idle_budget,
+        host=getattr(args, "host", "127.0.0.1"),
         port=port,
         http_port=http_port,
         metrics_port=getattr(args, "metrics_port", 0),
@@ -338,6 +344,12 @@ def cluster_config(
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="start a cluster (local mode: processes on this machine)")
     p.add_argument("--local", action="store_true", required=True, help="local mode (required)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the controller's gRPC, HTTP and metrics ports listen on (default "
+        "127.0.0.1: this machine only; 0.0.0.0: every interface)",
+    )
     p.add_argument(
         "--port",
         type=port("any free port"),
@@ -358,6 +370,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--step-log", default="", metavar="FILE", help="one JSON line per micro-batch (README)"
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int_at_least(1),
+        default=256,
+        help="max_tokens of a gRPC or chat request that sets none (default 256; the "
+        "completions API keeps OpenAI's 16)",
     )
     add_cluster_flags(p)
     add_reliability_flags(p)
@@ -431,6 +450,7 @@ def _raise_interrupt(*_: object) -> None:
 def run(args: argparse.Namespace) -> int:
     config = cluster_config(args, args.port, args.http_port or None)
     extra = reliability_args(args) + budget_args(args)
+    extra += ("--default-max-tokens", str(args.default_max_tokens))
     if args.step_log:
         extra += ("--step-log", args.step_log)
     config = dataclasses.replace(config, extra_controller_args=extra)
@@ -470,7 +490,13 @@ def serving_banner(cluster: LocalCluster, args: argparse.Namespace) -> str:
     if cluster.http_port:
         lines.append(f"  OpenAI-compatible API: {cluster.http_base_url}")
     if args.metrics_port:
-        lines.append(f"  Prometheus metrics: http://127.0.0.1:{args.metrics_port}/metrics")
+        host = connect_host(cluster.config.host)
+        lines.append(f"  Prometheus metrics: http://{host}:{args.metrics_port}/metrics")
+    if cluster.config.host not in ("127.0.0.1", "::1", "localhost"):
+        lines.append(
+            f"  listening on {cluster.config.host}: other machines can reach these ports"
+            + ("" if args.auth_token_file else "; --auth-token-file makes the APIs ask for a token")
+        )
     return "\n".join(lines)
 
 
