@@ -268,6 +268,24 @@ def test_the_systems_run_with_their_defaults_and_the_same_dtype() -> None:
     assert "--no-prefix-caching" in server_spec("sarathi", off).command
 
 
+def test_with_dtype_auto_vllm_gets_the_native_dtype_and_ours_up_s_own_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ours runs as `up --dtype auto`, so that a dtype `sarathictl tune-layout` measured faster
+    here is the one compared; the report says so rather than "both in"."""
+    from bench_vs_vllm import __main__ as bench
+
+    monkeypatch.setattr(bench, "native_dtype", lambda: "bfloat16")
+    args = bench.parse_args(["--systems", "vllm,sarathi"])
+    dtype_of = {s: bench.server_spec(s, args).command for s in ("vllm", "sarathi")}
+    assert dtype_of["vllm"][dtype_of["vllm"].index("--dtype") + 1] == "bfloat16"
+    assert dtype_of["sarathi"][dtype_of["sarathi"].index("--dtype") + 1] == "auto"
+    words = bench._dtypes({"dtype": args.dtype, "sarathi_dtype": args.sarathi_dtype})
+    assert words.startswith("vLLM in bfloat16, ours with `up --dtype auto`")
+    assert bench._dtypes({"dtype": "float32", "sarathi_dtype": "float32"}) == "both in float32"
+    assert bench._dtypes({"dtype": "float32"}) == "both in float32"  # a run before session 24
+
+
 def test_each_turn_of_a_chat_resends_the_last_and_chats_share_nothing() -> None:
     from bench_vs_vllm.dataset import MultiTurn, multi_turn_lines
 

@@ -103,8 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         default="auto",
         choices=DTYPES,
-        help="both systems' dtype (auto: bfloat16 where the CPU computes it natively, "
-        "AVX512-BF16 or AMX, as ours picks; else float32)",
+        help="both systems' dtype (auto: vLLM in bfloat16 where the CPU computes it natively, "
+        "AVX512-BF16 or AMX, else float32; ours with `up --dtype auto`: that rule, or the dtype "
+        "`sarathictl tune-layout` measured faster here)",
     )
     p.add_argument("--trace", type=Path, default=TRACE, help="conversation trace CSV")
     p.add_argument(
@@ -153,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # no SLO to apply and the runs would be left without one.
         p.error("--systems without vllm needs --tbt-slo-ms: the SLOs derive from vLLM's runs")
     args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
+    # Ours is asked as the user asks `up`: auto lets a tune-layout measurement pick the dtype.
+    args.sarathi_dtype = args.dtype
     args.dtype = native_dtype() if args.dtype == "auto" else args.dtype
     return args
 
@@ -236,7 +239,7 @@ def server_spec(system: str, args: argparse.Namespace) -> ServerSpec:
         depth = system.removeprefix("sarathi-")
         extra, label = ("--pp", depth[2:], *extra), "-".join(filter(None, (depth, label)))
     return sarathi_spec(
-        args.sarathictl, args.model, args.sarathi_port, args.dtype, caching,
+        args.sarathictl, args.model, args.sarathi_port, args.sarathi_dtype, caching,
         args.sarathi_budget, extra, label, stage_logs=args.results / "stages",
     )  # fmt: skip
 
@@ -379,7 +382,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         f"# vLLM side by side ({meta['date']})\n\n"
         f"Machine: {meta['machine']}; load average before/after: {meta['load_before']} / "
         f"{meta['load_after']}. vLLM {meta['vllm_version']}; {args.num_prompts} requests per "
-        f"rate; both in {meta.get('dtype', 'bfloat16')}, prefix caching "
+        f"rate; {_dtypes(meta)}, prefix caching "
         f"{'on' if meta.get('prefix_caching', False) else 'off'}; wall time "
         f"{_wall_time(meta)}.\n\n"
         + markdown_table(rows)
@@ -461,8 +464,21 @@ def meta_of_saved_runs(args: argparse.Namespace) -> dict[str, object]:
         "vllm_version": vllm_version(),
         "num_prompts": args.num_prompts,
         "dtype": args.dtype,
+        "sarathi_dtype": args.sarathi_dtype,
         "prefix_caching": not args.no_prefix_caching,
     }
+
+
+def _dtypes(meta: dict[str, object]) -> str:
+    """The report's words for the dtypes: runs before session 24 gave both the same one."""
+    dtype = meta.get("dtype", "bfloat16")
+    if meta.get("sarathi_dtype", dtype) != "auto":
+        return f"both in {dtype}"
+    return (
+        f"vLLM in {dtype}, ours with `up --dtype auto` ({dtype} by its rule, unless "
+        "`sarathictl tune-layout` measured another faster here: the first lines of ours' log "
+        "in logs/ say which)"
+    )
 
 
 def vllm_version() -> str:
@@ -521,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         "rates": [rate_flag(r) for r in args.rate_list],
         "num_prompts": args.num_prompts,
         "dtype": args.dtype,
+        "sarathi_dtype": args.sarathi_dtype,
         "prefix_caching": not args.no_prefix_caching,
     }
     workloads = build_workloads(args)
