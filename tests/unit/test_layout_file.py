@@ -34,7 +34,7 @@ def figures(
     return LayoutFigures(pp, dtype, 2 // pp, 64 * pp, requests_per_s, 900.0, tpot_ms)
 
 
-WORKLOAD = "3 rounds of a lone request and a burst of 8 requests of 256 + 64 tokens"
+WORKLOAD = "4 rounds of a lone request and a burst of 8 requests of 256 + 64 tokens"
 
 
 def measured(pp: int) -> MeasuredLayout:
@@ -96,6 +96,24 @@ def test_the_fastest_layout_wins_and_a_near_tie_goes_to_the_faster_decode() -> N
     assert two.best_at(1) == figures(1, 0.60, 18.0, "float32")
     assert two.best_at(2) == two.winner()
     assert two.best_at(4) is None
+    # At the winner's own depth the winner runs, though the tie band, drawn from that depth's
+    # best alone, would take in a layout with a faster lone decode that the full band left out.
+    three = (
+        figures(2, 1.00, 50.0, "bfloat16"),
+        figures(1, 0.96, 30.0, "float32"),
+        figures(1, 0.93, 10.0, "bfloat16"),
+    )
+    won = choose(three)
+    assert won.name == "PP=1 float32"
+    banded = MeasuredLayout(won.pp, won.dtype, "2026-11-27", WORKLOAD, three)
+    assert banded.best_at(1) == won
+    # one dtype's layouts alone, as `up --dtype NAME` takes them from an auto measurement
+    bf16 = two.only("bfloat16")
+    assert bf16 is not None and {f.dtype for f in bf16.figures} == {"bfloat16"}
+    assert (bf16.pp, bf16.dtype) == (2, "bfloat16")
+    f32 = two.only("float32")
+    assert f32 is not None and (f32.pp, f32.dtype) == (1, "float32")
+    assert two.only("float16") is None
 
 
 def test_an_entry_is_read_back_for_its_machine_only_and_others_stay(
@@ -128,6 +146,14 @@ def test_an_unreadable_file_is_reported_and_replaced_by_the_next_measurement(
     entry["machines"][key.as_text()]["figures"][1]["burst_requests_per_s"] = 0.5
     entry["machines"][key.as_text()]["figures"][1]["dtype"] = "float8"
     unknown_dtype = json.dumps(entry)
+    entry["machines"][key.as_text()]["figures"][1]["dtype"] = ["float32"]  # unhashable
+    listed_dtype = json.dumps(entry)
+    entry["machines"][key.as_text()]["figures"][1]["dtype"] = "float32"
+    entry["machines"][key.as_text()]["figures"][1]["pp"] = 1.5
+    fractional_pp = json.dumps(entry)
+    entry["machines"][key.as_text()]["figures"][1]["pp"] = 2
+    entry["machines"][key.as_text()]["pp"] = 4
+    lost_winner = json.dumps(entry)
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(LayoutFileError, match="decode"):
         read_measured(path, key)
@@ -138,7 +164,10 @@ def test_an_unreadable_file_is_reported_and_replaced_by_the_next_measurement(
         (json.dumps({"version": 2, "machines": {key.as_text(): {"pp": 1}}}), "malformed"),
         (zeroed, "malformed"),
         (stringly, "malformed"),
-        (unknown_dtype, "unknown dtype float8"),
+        (unknown_dtype, "unknown dtype 'float8'"),
+        (listed_dtype, r"unknown dtype \['float32'\]"),
+        (fractional_pp, "whole numbers"),
+        (lost_winner, "the winner is not among its layouts"),
     ):
         path.write_text(text)
         with pytest.raises(LayoutFileError, match=why):
@@ -160,6 +189,7 @@ def test_the_reason_gives_the_ratios_against_every_other_layout() -> None:
 def up_args(model_dir: Path, layout_file: Path | str, *flags: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
+    up.add_layout_file_flag(parser)
     up.add_budget_flags(parser)
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
     return parser.parse_args(["--model", str(model_dir), "--layout-file", str(layout_file), *flags])
@@ -194,10 +224,16 @@ def test_up_runs_the_measured_layout_and_says_so(
     # tune-layout measures TP=1: another TP goes by the rule; so does an empty --layout-file
     assert up.cluster_config(up_args(model_dir, path, "--tp", "2"), port=0).pp == rule_pp
     assert up.cluster_config(up_args(model_dir, ""), port=0).pp == rule_pp
-    # measured for --dtype auto: not for a dtype named, even the same one
-    for dtype in ("float32", "bfloat16"):
-        named = up_args(model_dir, path, "--dtype", dtype)
-        assert up.cluster_config(named, port=0).pp == up.default_layout("cpu", dtype).pp
+    # measured for --dtype auto (float32 alone, as on this CPU): a dtype named takes its own
+    # layouts from it, and goes by the rule where none was measured
+    named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
+    assert (named.pp, named.dtype) == (won, "float32")
+    bf16 = up.cluster_config(up_args(model_dir, path, "--dtype", "bfloat16"), port=0)
+    assert bf16.pp == up.default_layout("cpu", "bfloat16").pp
+    # a measurement of its own for a dtype named comes first
+    write_measured(path, machine_key(str(model_dir), "float32"), measured(rule_pp))
+    named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
+    assert named.pp == rule_pp
 
 
 def test_up_runs_the_dtype_measured_fastest_at_its_depth(
@@ -219,9 +255,14 @@ def test_up_runs_the_dtype_measured_fastest_at_its_depth(
     config = up.cluster_config(at_pp1, port=0)
     assert (config.pp, config.dtype) == (1, "float32")
     assert "float32: measured faster than bfloat16 at PP=1" in up.describe_layout(config, at_pp1)
-    # a dtype named is run as named
+    # a dtype named is run as named, at its own measured winner's depth
     named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
-    assert named.dtype == "float32"
+    assert (named.pp, named.dtype) == (1, "float32")
+    # demo and the benchmarks (no --layout-file flag) go by the rule, whatever is measured
+    parser = argparse.ArgumentParser()
+    up.add_cluster_flags(parser)
+    demo_like = parser.parse_args(["--model", str(model_dir), "--pp", "1"])
+    assert up.cluster_config(demo_like, port=0).dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -261,3 +302,35 @@ def test_the_layouts_take_turns_forwards_then_backwards_so_drift_falls_on_all_al
     assert turns(2, 3) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
     assert [i for _, i in turns(4, 2)] == [0, 1, 2, 3, 3, 2, 1, 0]
     assert turns(2, 1) == [(0, 0), (0, 1)]
+
+
+def test_each_layout_is_measured_once_a_round_with_that_round_s_prompts(
+    monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """measure_all without clusters: the turns, the seeds and each layout's medians."""
+    from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload
+    from sarathictl.commands import tune_layout
+
+    calls: list[tuple[str, int]] = []
+    rates = iter([0.5, 0.7, 0.8, 0.6, 0.9, 0.7])  # in turn order: A B B A A B
+
+    def fake_measure(candidate, config, workload, seed, label):  # type: ignore[no-untyped-def]
+        calls.append((candidate.name, seed))
+        return ProbeResult(next(rates), 1.0, 0.02 * candidate.layout.pp)
+
+    monkeypatch.setattr(tune_layout, "measure_once", fake_measure)
+    monkeypatch.setattr(tune_layout, "check_before_measuring", lambda configs, workload: None)
+    candidates = [tune_layout.Candidate(layout, "float32") for layout in up.LAYOUTS.values()]
+    args = argparse.Namespace(kv_cache_mb=16, rounds=3, seed=7)
+    workload = ProbeWorkload(2, 24, 4)
+    figures = tune_layout.measure_all(candidates, str(model_dir), workload, args)
+    assert calls == [
+        ("PP=1 float32", 7), ("PP=2 float32", 7),
+        ("PP=2 float32", 8), ("PP=1 float32", 8),
+        ("PP=1 float32", 9), ("PP=2 float32", 9),
+    ]  # fmt: skip
+    assert [f.burst_requests_per_s for f in figures] == [
+        0.6,
+        0.7,
+    ]  # medians of (.5 .6 .9), (.7 .8 .7)
+    assert [f.lone_tpot_ms for f in figures] == [20.0, 40.0]

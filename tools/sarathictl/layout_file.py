@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stage_worker.dtype_names import DTYPE_NAMES
@@ -82,6 +82,11 @@ def machine_key(model_dir: str, dtype: str, cpuinfo: str = "/proc/cpuinfo") -> M
     )
 
 
+def layout_name(pp: int, dtype: str) -> str:
+    """How a layout is named in tune-layout's and up's output."""
+    return f"PP={pp} {dtype}"
+
+
 @dataclass(frozen=True)
 class LayoutFigures:
     """One layout as tune-layout ran it, and what it measured (medians over its rounds)."""
@@ -98,18 +103,31 @@ class LayoutFigures:
 
     @property
     def name(self) -> str:
-        return f"PP={self.pp} {self.dtype}"
+        return layout_name(self.pp, self.dtype)
+
+    def problem(self) -> str:
+        """What makes these figures unusable (a hand-edited or damaged file), or ''."""
+        counts = (self.pp, self.threads_per_worker, self.budget_tokens)
+        if not all(type(n) is int and n >= 1 for n in counts):
+            return "depths, threads and budgets must be whole numbers from 1"
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_NAMES:
+            return f"unknown dtype {self.dtype!r}"
+        measured = (self.burst_requests_per_s, self.lone_ttft_ms, self.lone_tpot_ms)
+        if not all(type(x) in (int, float) and x > 0 for x in measured):
+            return "figures must be positive numbers"
+        return ""
 
 
 @dataclass(frozen=True)
 class MeasuredLayout:
     pp: int
+    """The winner's depth (choose)."""
     dtype: str
-    """The layout that won (choose)."""
+    """The winner's dtype."""
     measured_on: str
     """ISO date."""
     workload: str
-    """What was measured, in words (e.g. `3 rounds of a lone request and a burst of 8 requests
+    """What was measured, in words (e.g. `4 rounds of a lone request and a burst of 8 requests
     of 256 + 64 tokens`)."""
     figures: tuple[LayoutFigures, ...]
 
@@ -117,15 +135,28 @@ class MeasuredLayout:
         return next(f for f in self.figures if (f.pp, f.dtype) == (self.pp, self.dtype))
 
     def best_at(self, pp: int) -> LayoutFigures | None:
-        """The winner among the layouts of depth `pp` (what runs when --pp is given), None when
-        that depth was not measured."""
+        """What runs when --pp is given: the winner at its own depth (choose's tie band could
+        name another there once the other depths are left out), else the winner among that
+        depth's layouts; None when that depth was not measured."""
+        if pp == self.pp:
+            return self.winner()
         at = tuple(f for f in self.figures if f.pp == pp)
         return choose(at) if at else None
 
-    def why(self, won: LayoutFigures | None = None) -> str:
-        """Up's line: where the choice of `won` (default: the winner) came from and what it
-        measured against every other layout."""
-        won = won or self.winner()
+    def only(self, dtype: str) -> MeasuredLayout | None:
+        """The measurement as if only `dtype`'s layouts had been run (for `up --dtype NAME`
+        where --dtype auto was measured): the winner if it is of that dtype, else the best of
+        them; None when none of them was run."""
+        figures = tuple(f for f in self.figures if f.dtype == dtype)
+        if not figures:
+            return None
+        won = self.winner() if self.dtype == dtype else choose(figures)
+        return replace(self, pp=won.pp, dtype=won.dtype, figures=figures)
+
+    def why(self) -> str:
+        """Up's line: where the winner came from and what it measured against every other
+        layout."""
+        won = self.winner()
         others = "; ".join(
             f"{won.burst_requests_per_s / f.burst_requests_per_s:.2f}x {f.name}'s throughput, "
             f"{won.lone_tpot_ms / f.lone_tpot_ms:.2f}x its TPOT"
@@ -192,26 +223,20 @@ def read_measured(path: Path, key: MachineKey) -> MeasuredLayout | None:
             workload=str(entry["workload"]),
             figures=figures,
         )
-        measured.winner()
-        measured.why()  # ratios of positive numbers
-    except (KeyError, TypeError, ValueError, StopIteration, ZeroDivisionError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise LayoutFileError(malformed) from err
-    figures_ok = all(
-        isinstance(x, (int, float)) and x > 0
-        for f in figures
-        for x in (f.burst_requests_per_s, f.lone_ttft_ms, f.lone_tpot_ms)
-    )
-    if not figures_ok:
-        raise LayoutFileError(f"{malformed}: figures must be positive numbers")
-    unknown = sorted({f.dtype for f in figures} - set(DTYPE_NAMES))
-    if unknown:
-        raise LayoutFileError(f"{malformed}: unknown dtype {', '.join(map(str, unknown))}")
+    problem = next((p for p in (f.problem() for f in figures) if p), "")
+    if problem:
+        raise LayoutFileError(f"{malformed}: {problem}")
+    if not any((f.pp, f.dtype) == (measured.pp, measured.dtype) for f in figures):
+        raise LayoutFileError(f"{malformed}: the winner is not among its layouts")
     return measured
 
 
 def write_measured(path: Path, key: MachineKey, measured: MeasuredLayout) -> None:
-    """Adds or replaces `key`'s entry; other machines' entries stay. An unreadable file is
-    replaced. Written to a temporary file and renamed, so a reader never sees half of it."""
+    """Adds or replaces `key`'s entry; other machines' entries stay. An unreadable file (or one
+    of another version) is replaced whole. Written to a temporary file and renamed, so a reader
+    never sees half of it."""
     try:
         machines = _read_all(path)
     except LayoutFileError:

@@ -28,15 +28,11 @@ class ProbeWorkload:
     """Requests in each burst."""
     prompt_tokens: int
     output_tokens: int
-    rounds: int
-    """How many times each layout is started and measured, the layouts in turn (tune-layout);
-    the medians are kept."""
 
     def describe(self) -> str:
-        rounds = f"{self.rounds} round{'' if self.rounds == 1 else 's'}"
         return (
-            f"{rounds} of a lone request and a burst of {self.requests} requests of "
-            f"{self.prompt_tokens} + {self.output_tokens} tokens"
+            f"a lone request and a burst of {self.requests} requests of {self.prompt_tokens} + "
+            f"{self.output_tokens} tokens"
         )
 
 
@@ -81,7 +77,7 @@ async def probe(
     rng = np.random.default_rng(seed)
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
-        warm = ProbeWorkload(min(2, workload.requests), workload.prompt_tokens, 2, 1)
+        warm = ProbeWorkload(min(2, workload.requests), workload.prompt_tokens, output_tokens=2)
         await burst_requests_per_s(stub, rng, warm)
         await until_idle(stub)
         ttft_s, tpot_s = await lone_request(stub, rng, workload)

@@ -7,9 +7,11 @@ measured it yet, nor whether bf16 through oneDNN beats float32 through our AVX2 
 So rather than guess, each layout (a depth and, for `--dtype auto`, each dtype auto may run) is
 started as `up` would start it (its threads, budgets and KV cache), given the same requests (a
 lone request and a burst sent at once, bench/layout_probe.py) and stopped. The layouts take
-turns over several rounds, in the order ABBA..., so that a shared machine's drift over minutes
-falls on all of them alike; each layout's medians decide, and the winner is written to the
-layout file, keyed by this CPU, its cores, the dtype asked for and the model (layout_file.py).
+turns over the rounds, forwards then backwards (ABBA ABBA): with an even number of rounds a
+drift of the shared machine's speed that is steady over the minutes falls on every layout
+alike, and the medians set one-off outliers aside. Each layout's medians decide; the winner is
+written to the layout file, keyed by this CPU, its cores, the dtype asked for and the model
+(layout_file.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sarathictl.layout_file import (
     MeasuredLayout,
     choose,
     default_layout_file,
+    layout_name,
     machine_key,
     write_measured,
 )
@@ -57,8 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--dtype",
         default="auto",
         choices=["auto", *sorted(DTYPE_NAMES)],
-        help="worker dtype (auto: each dtype `up --dtype auto` may run here, bf16 and float32 "
-        "where the CPU computes bf16 natively); `up` uses a measurement only at its --dtype",
+        help="worker dtype (auto: each dtype `up --dtype auto` may run here: bf16 and float32 "
+        "where the CPU computes bf16 natively and our float32 kernels load, else one); `up "
+        "--dtype NAME` uses NAME's layouts of an auto measurement",
     )
     p.add_argument("--requests", type=int_at_least(1), default=8, help="requests in the burst")
     p.add_argument("--prompt-tokens", type=int_at_least(1), default=256, help="each prompt")
@@ -68,8 +72,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--rounds",
         type=int_at_least(1),
-        default=3,
-        help="times each layout is started and measured, the layouts in turn (medians kept)",
+        default=4,
+        help="times each layout is started and measured, the layouts taking turns forwards "
+        "then backwards (medians kept; an even number balances a steady drift)",
     )
     p.add_argument("--kv-cache-mb", type=int_at_least(1), default=256, help="KV cache per worker")
     p.add_argument(
@@ -95,7 +100,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return f"PP={self.layout.pp} {self.dtype}"
+        return layout_name(self.layout.pp, self.dtype)
 
 
 def layout_config(
@@ -186,8 +191,8 @@ def measure_all(
     configs = [layout_config(c, model_dir, args) for c in candidates]
     check_before_measuring(configs, workload)
     runs: list[list[ProbeResult]] = [[] for _ in candidates]
-    for r, i in turns(len(candidates), workload.rounds):
-        round_label = f"round {r + 1} of {workload.rounds}"
+    for r, i in turns(len(candidates), args.rounds):
+        round_label = f"round {r + 1} of {args.rounds}"
         # The round's seed: every candidate gets the same prompts within a round.
         runs[i].append(
             measure_once(candidates[i], configs[i], workload, args.seed + r, round_label)
@@ -215,12 +220,13 @@ def run(args: argparse.Namespace) -> int:
     dtypes = auto_dtypes() if args.dtype == "auto" else (args.dtype,)
     model_dir = resolve_model(args.model)
     key: MachineKey = machine_key(model_dir, args.dtype)
-    workload = ProbeWorkload(args.requests, args.prompt_tokens, args.output_tokens, args.rounds)
+    workload = ProbeWorkload(args.requests, args.prompt_tokens, args.output_tokens)
+    described = f"{args.rounds} round{'' if args.rounds == 1 else 's'} of {workload.describe()}"
     candidates = [Candidate(layout, dtype) for dtype in dtypes for layout in LAYOUTS.values()]
     say(
         f"[tune-layout] {key.cpu}, {key.cores} cores, {Path(model_dir).name}: "
-        f"{', '.join(c.name for c in candidates)}; {workload.describe()}, the layouts in turn. "
-        "Anything else running on this machine skews the result"
+        f"{', '.join(c.name for c in candidates)}; {described}, the layouts in turn. Anything "
+        "else running on this machine skews the result"
     )
     figures = measure_all(candidates, model_dir, workload, args)
     won = choose(figures)
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         pp=won.pp,
         dtype=won.dtype,
         measured_on=date.today().isoformat(),
-        workload=workload.describe(),
+        workload=described,
         figures=figures,
     )
     path = Path(args.layout_file)

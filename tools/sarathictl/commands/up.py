@@ -15,7 +15,13 @@ from controller.budget_flags import add_budget_flags
 from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
-from sarathictl.layout_file import LayoutFileError, default_layout_file, machine_key, read_measured
+from sarathictl.layout_file import (
+    LayoutFileError,
+    MeasuredLayout,
+    default_layout_file,
+    machine_key,
+    read_measured,
+)
 from sarathictl.local_cluster import (
     LOCAL_BUDGET_TOKENS,
     LocalCluster,
@@ -36,8 +42,8 @@ def resolve_model(model: str) -> str:
 
 def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     """bfloat16 on a GPU, and where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels
-    beat its float32 ones there, and the weights take half the memory); else float32. The rule:
-    `sarathictl tune-layout` measures float32 through our own kernels beside it (auto_dtypes)."""
+    beat its float32 ones there, and the weights take half the memory); else float32. This is
+    the rule up goes by until `sarathictl tune-layout` has measured the dtypes of auto_dtypes."""
     if device != "cpu":
         return "bfloat16"
     try:
@@ -152,14 +158,16 @@ def machine_layout(
     if device != "cpu" or tp != 1 or not layout_file:
         return rule
     try:
-        measured = read_measured(Path(layout_file), machine_key(model_dir, dtype))
+        measured = read_layout(Path(layout_file), model_dir, dtype)
     except LayoutFileError as err:
         auto = dataclasses.replace(
             rule.auto, why=f"{rule.auto.why}; the measured layouts passed over: {err}"
         )
         return dataclasses.replace(rule, auto=auto)
-    won = None if measured is None else measured.best_at(pp or measured.pp)
-    if measured is None or won is None or measured.pp not in LAYOUTS:
+    if measured is None or measured.pp not in LAYOUTS:
+        return rule
+    won = measured.best_at(pp or measured.pp)
+    if won is None:  # a depth tune-layout does not run
         return rule
     chosen = LAYOUTS[measured.pp]
     auto = dataclasses.replace(
@@ -172,6 +180,16 @@ def machine_layout(
         "tune-layout`" if others else rule_dtype_why(device, won.dtype)
     )  # fmt: skip
     return LayoutChoice(auto, won.dtype, why_dtype)
+
+
+def read_layout(path: Path, model_dir: str, dtype: str) -> MeasuredLayout | None:
+    """The measurement for `dtype` as asked; for a dtype named with none of its own, that
+    dtype's layouts in the `--dtype auto` measurement, which holds them."""
+    measured = read_measured(path, machine_key(model_dir, dtype))
+    if measured is not None or dtype == "auto":
+        return measured
+    auto = read_measured(path, machine_key(model_dir, "auto"))
+    return None if auto is None else auto.only(dtype)
 
 
 def layout_at(pp: int, auto: AutoLayout, device: str) -> AutoLayout | None:
@@ -193,8 +211,9 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
             f"  {config.threads_per_worker} torch thread(s) per worker: the cores shared out "
             f"among {workers} worker(s) (--threads to choose)"
         )
+    layout_file = getattr(args, "layout_file", "")
     choice = machine_layout(
-        config.device, args.dtype, config.model_dir, args.layout_file, config.tp, args.pp
+        config.device, args.dtype, config.model_dir, layout_file, config.tp, args.pp
     )
     auto = choice.auto
     if args.dtype == "auto":
@@ -266,7 +285,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=["auto", *sorted(DTYPE_NAMES)],
         help="worker dtype (auto: bfloat16 on a GPU, and on a CPU that computes it natively, "
-        "AVX512-BF16 or AMX; else float32)",
+        "AVX512-BF16 or AMX; else float32; for `up`, the dtype `sarathictl tune-layout` "
+        "measured fastest here, if it has)",
     )
     p.add_argument(
         "--threads",
@@ -276,13 +296,6 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         "workers, at least 1)",
     )
     p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
-    p.add_argument(
-        "--layout-file",
-        default=str(default_layout_file()),
-        help="where `sarathictl tune-layout` keeps the layout it measured fastest here, which "
-        "`up` then runs when --pp is not given (default: $SARATHI_LAYOUT_FILE, else "
-        "~/.cache/sarathi-cluster/layouts.json; empty: the rule's layout)",
-    )
     p.add_argument(
         "--no-prefix-caching",
         action="store_true",
@@ -305,7 +318,8 @@ def cluster_config(
     args: argparse.Namespace, port: int, http_port: int | None = None
 ) -> LocalClusterConfig:
     model_dir = resolve_model(args.model)
-    choice = machine_layout(args.device, args.dtype, model_dir, args.layout_file, args.tp, args.pp)
+    layout_file = getattr(args, "layout_file", "")  # up's alone (add_layout_file_flag)
+    choice = machine_layout(args.device, args.dtype, model_dir, layout_file, args.tp, args.pp)
     auto, dtype = choice.auto, choice.dtype
     pp = args.pp or auto.pp
     # The budgets measured for a depth go with it, whether up picked the depth or it was given.
@@ -379,6 +393,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "completions API keeps OpenAI's 16)",
     )
     add_cluster_flags(p)
+    add_layout_file_flag(p)
     add_reliability_flags(p)
     add_budget_flags(p)
     # up alone picks the depth and the budgets for the machine (default_layout); the benchmarks
@@ -396,6 +411,18 @@ def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
     if args.tbt_slo:
         flags += ["--tbt-slo", str(args.tbt_slo)]
     return tuple(flags)
+
+
+def add_layout_file_flag(p: argparse.ArgumentParser) -> None:
+    """up's alone: demo and the benchmarks run the rule's layout, whatever this machine has
+    measured, so that their figures do not depend on a file in the user's cache."""
+    p.add_argument(
+        "--layout-file",
+        default=str(default_layout_file()),
+        help="where `sarathictl tune-layout` keeps what it measured fastest here: `up` then "
+        "runs that layout when --pp is not given, and with --dtype auto that dtype (default: "
+        "$SARATHI_LAYOUT_FILE, else ~/.cache/sarathi-cluster/layouts.json; empty: the rule's)",
+    )
 
 
 def add_reliability_flags(p: argparse.ArgumentParser) -> None:
