@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # CPU build of torch that lies on disk on machines without a GPU; a bare `torch` would pull CUDA.
 TORCH_CPU ?= torch==2.13.0
+# Where pip's own index serves torch's CUDA build (plain PyPI does for x86-64), PyTorch's CPU
+# wheel index: `make install TORCH_INDEX=URL` (docker/cpu.Dockerfile names it). Empty: pip's.
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
 .PHONY: install sys-deps test unit integration lint format proto bench bench-scheduler bench-paper bench-vs-vllm bench-prefix-routing bench-lm-eval demo clean check-torch-range
@@ -19,7 +22,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard stage_worker/csrc/*)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if ! $(PY) -c 'import torch' 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then echo "GPU found: installing torch from the index"; \
-	  else echo "no GPU: installing the CPU build $(TORCH_CPU) first"; $(PIP) install -q $(TORCH_CPU); fi; \
+	  else echo "no GPU: installing the CPU build $(TORCH_CPU) first"; \
+	    $(PIP) install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_CPU); fi; \
 	fi
 	$(PIP) install -q -e '.[dev]'
 	@echo "installed"

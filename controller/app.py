@@ -295,6 +295,7 @@ async def begin_serving(
     apis.service.attach(engine, pipeline, limits, model.tokenizer.encode_prompt)
     apis.http_state.attach(engine, limits, model.tokenizer)
     apis.http_state.queue_full = engine.queue_full
+    apis.http_state.retry_after_s = engine.admission.retry_after_s
     tracker = OverloadTracker(events.overload_started, events.overload_ended)
     apis.tasks += [
         start_watched(engine.run(), "engine", on_task_failed),

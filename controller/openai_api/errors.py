@@ -7,6 +7,8 @@ BadRequestError, 401 -> AuthenticationError, 404 -> NotFoundError, 429 -> RateLi
 
 from __future__ import annotations
 
+from math import ceil
+
 from starlette.responses import JSONResponse
 
 from controller.scheduler import InvalidRequestError
@@ -23,6 +25,7 @@ class ApiError(Exception):
         error_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -30,6 +33,8 @@ class ApiError(Exception):
         self.error_type = error_type
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
+        """Sent as Retry-After, which OpenAI's SDKs wait for before they retry."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -51,18 +56,23 @@ def bad_field(field: str, message: str) -> ApiError:
     return invalid_request(InvalidRequestError(field, message))
 
 
-def not_ready() -> ApiError:
+def not_ready(retry_after_s: float | None = None) -> ApiError:
     return ApiError(
-        503, "the pipeline is not ready", error_type="service_unavailable", code="not_ready"
+        503,
+        "the pipeline is not ready",
+        error_type="service_unavailable",
+        code="not_ready",
+        retry_after_s=retry_after_s,
     )
 
 
-def queue_full() -> ApiError:
+def queue_full(retry_after_s: float) -> ApiError:
     return ApiError(
         429,
-        "the request queue is full; retry later",
+        f"the request queue is full; retry in {retry_after_s:g} s",
         error_type="rate_limit_error",
         code="queue_full",
+        retry_after_s=retry_after_s,
     )
 
 
@@ -75,4 +85,6 @@ def bad_api_key() -> ApiError:
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.to_json(), status_code=err.status_code)
+    # HTTP's Retry-After takes whole seconds.
+    headers = None if err.retry_after_s is None else {"Retry-After": str(ceil(err.retry_after_s))}
+    return JSONResponse(err.to_json(), status_code=err.status_code, headers=headers)

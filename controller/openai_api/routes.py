@@ -113,9 +113,9 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     try:
         handle = serving.engine.add(parsed.generation)
     except QueueFullError as err:
-        raise queue_full() from err
+        raise queue_full(err.retry_after_s) from err
     except PipelineDownError as err:
-        raise not_ready() from err
+        raise not_ready(err.retry_after_s) from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
         if kind == "chat" and err.field == "prompt":  # the prompt a chat's messages render to
             err = InvalidRequestError("messages", str(err).removeprefix("prompt: "))

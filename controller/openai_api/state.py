@@ -44,10 +44,12 @@ class HttpApiState:
     model_name: str
     """The id /v1/models lists and responses carry (the model folder's name, as gRPC Status)."""
     api_keys: frozenset[str] = frozenset()
-    """Hook for authentication (not built yet): when non-empty, requests must send
-    `Authorization: Bearer <one of these>` or get 401. Empty: no authentication."""
+    """When non-empty (--auth-token-file), requests must send `Authorization: Bearer <one of
+    these>` or get 401. Empty: no authentication."""
     queue_full: Callable[[], bool] = _never_full
-    """Hook for admission control (not built yet): True refuses new requests with 429."""
+    """Admission control (Engine.queue_full): True refuses new requests with 429."""
+    retry_after_s: float = 1.0
+    """The 429's Retry-After (AdmissionConfig.retry_after_s, --retry-after)."""
     metrics: Callable[[], tuple[bytes, str]] | None = None
     """The Prometheus exposition and its content type, served on /metrics; None: 404."""
     created_s: int = field(default_factory=lambda: int(time.time()))
@@ -82,4 +84,4 @@ class HttpApiState:
 
     def admit(self) -> None:
         if self.queue_full():
-            raise queue_full()
+            raise queue_full(self.retry_after_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from controller.admission import PipelineDownError, QueueFullError
 from controller.engine import GenerationRequest, RequestHandle, StreamEvent
 from controller.logprobs import TokenLogprobs
 from controller.openai_api.routes import build_app
@@ -287,12 +289,35 @@ def test_authentication_hook_refuses_a_missing_or_wrong_bearer_token() -> None:
 
 def test_admission_hook_answers_429_and_queues_nothing() -> None:
     engine = ScriptedEngine()
-    response = TestClient(build_app(make_state(engine, queue_full=lambda: True))).post(
-        "/v1/completions", json={"prompt": "the"}
-    )
+    state = make_state(engine, queue_full=lambda: True, retry_after_s=2.5)
+    response = TestClient(build_app(state)).post("/v1/completions", json={"prompt": "the"})
     assert response.status_code == 429
     assert response.json()["error"]["code"] == "queue_full"
+    assert response.headers["retry-after"] == "3"  # whole seconds, rounded up
     assert engine.added == []
+
+
+@pytest.mark.parametrize(
+    ("refusal", "status", "code"),
+    [(QueueFullError("full; retry in 4 s", 4.0), 429, "queue_full"),
+     (PipelineDownError("a stage is down", 0.5), 503, "not_ready")],
+)  # fmt: skip
+def test_an_engine_refusal_carries_its_retry_hint_as_retry_after(
+    refusal: QueueFullError | PipelineDownError, status: int, code: str
+) -> None:
+    """What OpenAI's SDKs wait before retrying: the admission config's hint, as gRPC sends it
+    in trailing metadata."""
+
+    class Refusing(ScriptedEngine):
+        def add(self, request: GenerationRequest) -> RequestHandle:
+            raise refusal
+
+    response = TestClient(build_app(make_state(Refusing()))).post(
+        "/v1/completions", json={"prompt": "the"}
+    )
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert response.headers["retry-after"] == str(math.ceil(refusal.retry_after_s))
 
 
 async def call_and_disconnect(app: Any, body: dict[str, Any]) -> list[dict[str, Any]]:
