@@ -243,9 +243,15 @@ def test_up_runs_the_dtype_measured_fastest_at_its_depth(
     --dtype auto` runs the winner, and at a --pp given, that depth's fastest dtype."""
     monkeypatch.setattr(up, "default_dtype", lambda _device: "bfloat16")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object())
     path = tmp_path / "layouts.json"
-    write_measured(path, machine_key(str(model_dir), "auto"), measured_two_dtypes())
     args = up_args(model_dir, path)
+    config = up.cluster_config(args, port=0)  # nothing measured yet: the rule, and a hint
+    assert config.dtype == "bfloat16"
+    assert "not yet measured against it here: `sarathictl tune-layout`" in up.describe_layout(
+        config, args
+    )
+    write_measured(path, machine_key(str(model_dir), "auto"), measured_two_dtypes())
     config = up.cluster_config(args, port=0)
     assert (config.pp, config.dtype) == (2, "bfloat16")
     said = up.describe_layout(config, args)

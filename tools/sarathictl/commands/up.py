@@ -164,6 +164,9 @@ def machine_layout(
             rule.auto, why=f"{rule.auto.why}; the measured layouts passed over: {err}"
         )
         return dataclasses.replace(rule, auto=auto)
+    if measured is None and dtype == "auto" and len(auto_dtypes(device)) > 1:
+        unmeasured = f"{rule.why_dtype}; float32 on our kernels not yet measured against it here"
+        return dataclasses.replace(rule, why_dtype=f"{unmeasured}: `sarathictl tune-layout`")
     if measured is None or measured.pp not in LAYOUTS:
         return rule
     won = measured.best_at(pp or measured.pp)
