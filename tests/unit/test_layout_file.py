@@ -329,7 +329,7 @@ def test_each_layout_is_measured_once_a_round_with_that_round_s_prompts(
     candidates = [tune_layout.Candidate(layout, "float32") for layout in up.LAYOUTS.values()]
     args = argparse.Namespace(kv_cache_mb=16, rounds=3, seed=7)
     workload = ProbeWorkload(2, 24, 4)
-    figures = tune_layout.measure_all(candidates, str(model_dir), workload, args)
+    figures = tune_layout.measure_all(candidates, str(model_dir), workload, args).figures
     assert calls == [
         ("PP=1 float32", 7), ("PP=2 float32", 7),
         ("PP=2 float32", 8), ("PP=1 float32", 8),
@@ -340,3 +340,41 @@ def test_each_layout_is_measured_once_a_round_with_that_round_s_prompts(
         0.7,
     ]  # medians of (.5 .6 .9), (.7 .8 .7)
     assert [f.lone_tpot_ms for f in figures] == [20.0, 40.0]
+
+
+def test_a_layout_that_fails_is_left_out_and_the_others_measured(
+    monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    """On a CPU no one has measured, one layout whose cluster dies (a kernel, memory) should
+    not cost the verdict: it is left out after its first failure, saying why."""
+    from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload
+    from sarathictl.commands import tune_layout
+
+    calls: list[str] = []
+
+    def fake_measure(candidate, config, workload, seed, label):  # type: ignore[no-untyped-def]
+        calls.append(candidate.name)
+        if candidate.layout.pp == 2:
+            raise RuntimeError(
+                "stage1-rank0 exited with code -4; its log ends:\nIllegal instruction"
+            )
+        return ProbeResult(0.5, 1.0, 0.02)
+
+    monkeypatch.setattr(tune_layout, "measure_once", fake_measure)
+    monkeypatch.setattr(tune_layout, "check_before_measuring", lambda configs, workload: None)
+    candidates = [tune_layout.Candidate(layout, "float32") for layout in up.LAYOUTS.values()]
+    args = argparse.Namespace(kv_cache_mb=16, rounds=4, seed=0)
+    got = tune_layout.measure_all(candidates, str(model_dir), ProbeWorkload(2, 24, 4), args)
+    assert [f.name for f in got.figures] == ["PP=1 float32"]
+    assert got.failed == {
+        "PP=2 float32": "stage1-rank0 exited with code -4; its log ends: ... Illegal instruction"
+    }
+    assert calls.count("PP=2 float32") == 1 and calls.count("PP=1 float32") == 4
+    # every layout failing is an error, naming each
+
+    def never_serves(*_: object) -> ProbeResult:
+        raise TimeoutError("not serving within 300 s")
+
+    monkeypatch.setattr(tune_layout, "measure_once", never_serves)
+    with pytest.raises(RuntimeError, match="every layout failed: PP=1 float32: not serving"):
+        tune_layout.measure_all(candidates, str(model_dir), ProbeWorkload(2, 24, 4), args)

@@ -20,10 +20,13 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
+
+import grpc
 
 from sarathictl.argtypes import int_at_least
 from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload, probe
@@ -182,24 +185,52 @@ def medians(
     )
 
 
+@dataclass
+class Measured:
+    """What measure_all got: each layout's medians, and the layouts that failed."""
+
+    figures: tuple[LayoutFigures, ...]
+    failed: dict[str, str]
+    """Layout name -> why it was left out (its cluster died or never served)."""
+
+
 def measure_all(
     candidates: list[Candidate],
     model_dir: str,
     workload: ProbeWorkload,
     args: argparse.Namespace,
-) -> tuple[LayoutFigures, ...]:
+) -> Measured:
+    """Every candidate once a round, in turns. One whose cluster dies or never serves (a
+    kernel that fails on this CPU, memory) is left out, saying why, and the others measured:
+    on a CPU no one has measured, one broken layout should not cost the verdict."""
     configs = [layout_config(c, model_dir, args) for c in candidates]
     check_before_measuring(configs, workload)
     runs: list[list[ProbeResult]] = [[] for _ in candidates]
+    failed: dict[str, str] = {}
     for r, i in turns(len(candidates), args.rounds):
+        if candidates[i].name in failed:
+            continue
         round_label = f"round {r + 1} of {args.rounds}"
         # The round's seed: every candidate gets the same prompts within a round.
-        runs[i].append(
-            measure_once(candidates[i], configs[i], workload, args.seed + r, round_label)
+        try:
+            runs[i].append(
+                measure_once(candidates[i], configs[i], workload, args.seed + r, round_label)
+            )
+        except (RuntimeError, TimeoutError, grpc.RpcError) as err:
+            # Its first line and, for a child that died, the last line of its log.
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            failed[candidates[i].name] = " ... ".join(dict.fromkeys((lines[0], lines[-1])))
+            say(f"[{candidates[i].name}, {round_label}] failed, left out: {err}")
+    if len(failed) == len(candidates):
+        raise RuntimeError(
+            "every layout failed: " + "; ".join(f"{name}: {why}" for name, why in failed.items())
         )
-    return tuple(
-        medians(c, config, rs) for c, config, rs in zip(candidates, configs, runs, strict=True)
+    figures = tuple(
+        medians(c, config, rs)
+        for c, config, rs in zip(candidates, configs, runs, strict=True)
+        if c.name not in failed
     )
+    return Measured(figures, failed)
 
 
 def table(measured: MeasuredLayout) -> str:
@@ -228,22 +259,29 @@ def run(args: argparse.Namespace) -> int:
         f"{', '.join(c.name for c in candidates)}; {described}, the layouts in turn. Anything "
         "else running on this machine skews the result"
     )
-    figures = measure_all(candidates, model_dir, workload, args)
-    won = choose(figures)
+    try:
+        got = measure_all(candidates, model_dir, workload, args)
+    except RuntimeError as err:
+        print(f"sarathictl: {err}", file=sys.stderr)
+        return 1
+    won = choose(got.figures)
     measured = MeasuredLayout(
         pp=won.pp,
         dtype=won.dtype,
         measured_on=date.today().isoformat(),
         workload=described,
-        figures=figures,
+        figures=got.figures,
     )
     path = Path(args.layout_file)
     dtype_flag = "" if args.dtype == "auto" else f" --dtype {args.dtype}"
     write_measured(path, key, measured)
     if args.json:
-        print(json.dumps({"machine": asdict(key), "layout": asdict(measured)}, indent=1))
+        document = {"machine": asdict(key), "layout": asdict(measured), "failed": got.failed}
+        print(json.dumps(document, indent=1))
     else:
         print(table(measured))
+        for name, why in got.failed.items():
+            print(f"{name}: left out, it failed ({why})")
         print(
             f"\n`sarathictl up --local{dtype_flag}` runs {won.name} on this machine (this "
             f"model) from now on: {measured.why()}. Written to {path}."
