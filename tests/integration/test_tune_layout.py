@@ -82,7 +82,7 @@ def test_tune_layout_weighs_each_dtype_auto_may_run_and_up_runs_the_winner(
     """As on a CPU with native bf16, where auto measures bf16 beside float32 (forced here, on
     any CPU: bf16 runs everywhere, if slowly): four layouts, and `up --dtype auto` then runs the
     winner's dtype."""
-    from sarathictl import cli
+    from sarathictl import cli, layout_choice
     from sarathictl.commands import tune_layout, up
 
     monkeypatch.setattr(tune_layout, "auto_dtypes", lambda: ("bfloat16", "float32"))
@@ -99,7 +99,7 @@ def test_tune_layout_weighs_each_dtype_auto_may_run_and_up_runs_the_winner(
     assert kept is not None and len(kept.figures) == 4
     # The rule would run the dtype that lost; the measurement wins.
     lost = "float32" if kept.dtype == "bfloat16" else "bfloat16"
-    monkeypatch.setattr(up, "default_dtype", lambda _device: lost)
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: lost)
     args = cli.build_parser().parse_args(["up", "--local", *small])
     config = up.cluster_config(args, port=0)
     assert (config.pp, config.dtype) == (kept.pp, kept.dtype)

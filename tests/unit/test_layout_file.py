@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sarathictl import layout_choice
 from sarathictl.commands import up
 from sarathictl.commands.tune_layout import turns
 from sarathictl.layout_file import (
@@ -199,7 +200,7 @@ def up_args(model_dir: Path, layout_file: Path | str, *flags: str) -> argparse.N
 def test_up_runs_the_measured_layout_and_says_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path, rule_pp: int
 ) -> None:
-    monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr(
         "stage_worker.native.fused_kernels", lambda: object() if rule_pp == 1 else None
@@ -210,8 +211,8 @@ def test_up_runs_the_measured_layout_and_says_so(
     won = 3 - rule_pp  # the measurement says the other depth
     write_measured(path, machine_key(str(model_dir), "auto"), measured(won))  # up's --dtype
     config = up.cluster_config(args, port=0)
-    assert (config.pp, config.budget_tokens) == (won, up.LAYOUTS[won].budget_tokens)
-    assert config.idle_budget_tokens == up.LAYOUTS[won].idle_budget_tokens
+    assert (config.pp, config.budget_tokens) == (won, layout_choice.LAYOUTS[won].budget_tokens)
+    assert config.idle_budget_tokens == layout_choice.LAYOUTS[won].idle_budget_tokens
     assert config.threads_per_worker == 2 // won
     said = up.describe_layout(config, args)
     assert f"PP={won} float32, " in said
@@ -219,8 +220,8 @@ def test_up_runs_the_measured_layout_and_says_so(
     # --pp wins over the measurement, and takes the budgets measured for its own depth
     given = up.cluster_config(up_args(model_dir, path, "--pp", str(rule_pp)), port=0)
     assert given.pp == rule_pp
-    assert given.budget_tokens == up.LAYOUTS[rule_pp].budget_tokens
-    assert given.idle_budget_tokens == up.LAYOUTS[rule_pp].idle_budget_tokens
+    assert given.budget_tokens == layout_choice.LAYOUTS[rule_pp].budget_tokens
+    assert given.idle_budget_tokens == layout_choice.LAYOUTS[rule_pp].idle_budget_tokens
     # tune-layout measures TP=1: another TP goes by the rule; so does an empty --layout-file
     assert up.cluster_config(up_args(model_dir, path, "--tp", "2"), port=0).pp == rule_pp
     assert up.cluster_config(up_args(model_dir, ""), port=0).pp == rule_pp
@@ -229,7 +230,7 @@ def test_up_runs_the_measured_layout_and_says_so(
     named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
     assert (named.pp, named.dtype) == (won, "float32")
     bf16 = up.cluster_config(up_args(model_dir, path, "--dtype", "bfloat16"), port=0)
-    assert bf16.pp == up.default_layout("cpu", "bfloat16").pp
+    assert bf16.pp == layout_choice.default_layout("cpu", "bfloat16").pp
     # a measurement of its own for a dtype named comes first
     write_measured(path, machine_key(str(model_dir), "float32"), measured(rule_pp))
     named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
@@ -241,7 +242,7 @@ def test_up_runs_the_dtype_measured_fastest_at_its_depth(
 ) -> None:
     """On a CPU with native bf16, tune-layout measures bf16 and float32 at both depths; `up
     --dtype auto` runs the winner, and at a --pp given, that depth's fastest dtype."""
-    monkeypatch.setattr(up, "default_dtype", lambda _device: "bfloat16")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "bfloat16")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object())
     path = tmp_path / "layouts.json"
@@ -285,22 +286,22 @@ def test_tune_layout_measures_float32_beside_native_bf16_where_the_float32_kerne
 ) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"model name\t: Example CPU\nflags\t\t: fpu {flags}\n")
-    rule = up.default_dtype
-    monkeypatch.setattr(up, "default_dtype", lambda device: rule(device, str(cpuinfo)))
+    rule = layout_choice.default_dtype
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda device: rule(device, str(cpuinfo)))
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if fused else None)
-    assert up.auto_dtypes() == dtypes
-    assert up.auto_dtypes("cuda") == ("bfloat16",)
+    assert layout_choice.auto_dtypes() == dtypes
+    assert layout_choice.auto_dtypes("cuda") == ("bfloat16",)
 
 
 def test_up_starts_on_the_rule_when_the_file_is_unreadable_and_says_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path
 ) -> None:
-    monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "float32")
     path = tmp_path / "layouts.json"
     path.write_text("not json")
     args = up_args(model_dir, path)
     config = up.cluster_config(args, port=0)
-    assert config.pp == up.default_layout("cpu", "float32").pp
+    assert config.pp == layout_choice.default_layout("cpu", "float32").pp
     assert f"the measured layouts passed over: {path}: not JSON" in up.describe_layout(config, args)
 
 
@@ -326,7 +327,9 @@ def test_each_layout_is_measured_once_a_round_with_that_round_s_prompts(
 
     monkeypatch.setattr(tune_layout, "measure_once", fake_measure)
     monkeypatch.setattr(tune_layout, "check_before_measuring", lambda configs, workload: None)
-    candidates = [tune_layout.Candidate(layout, "float32") for layout in up.LAYOUTS.values()]
+    candidates = [
+        tune_layout.Candidate(layout, "float32") for layout in layout_choice.LAYOUTS.values()
+    ]
     args = argparse.Namespace(kv_cache_mb=16, rounds=3, seed=7)
     workload = ProbeWorkload(2, 24, 4)
     figures = tune_layout.measure_all(candidates, str(model_dir), workload, args).figures
@@ -362,7 +365,9 @@ def test_a_layout_that_fails_is_left_out_and_the_others_measured(
 
     monkeypatch.setattr(tune_layout, "measure_once", fake_measure)
     monkeypatch.setattr(tune_layout, "check_before_measuring", lambda configs, workload: None)
-    candidates = [tune_layout.Candidate(layout, "float32") for layout in up.LAYOUTS.values()]
+    candidates = [
+        tune_layout.Candidate(layout, "float32") for layout in layout_choice.LAYOUTS.values()
+    ]
     args = argparse.Namespace(kv_cache_mb=16, rounds=4, seed=0)
     got = tune_layout.measure_all(candidates, str(model_dir), ProbeWorkload(2, 24, 4), args)
     assert [f.name for f in got.figures] == ["PP=1 float32"]

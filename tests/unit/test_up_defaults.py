@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+from sarathictl import layout_choice
 from sarathictl.commands import up
 from sarathictl.local_cluster import LocalClusterConfig, connect_host
 
@@ -22,16 +23,16 @@ from sarathictl.local_cluster import LocalClusterConfig, connect_host
 def test_dtype_follows_the_cpu_flags(tmp_path: Path, flags: str, dtype: str) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    assert up.default_dtype(cpuinfo=str(cpuinfo)) == dtype
+    assert layout_choice.default_dtype(cpuinfo=str(cpuinfo)) == dtype
 
 
 def test_no_cpuinfo_means_float32(tmp_path: Path) -> None:
-    assert up.default_dtype(cpuinfo=str(tmp_path / "missing")) == "float32"
+    assert layout_choice.default_dtype(cpuinfo=str(tmp_path / "missing")) == "float32"
 
 
 def test_cores_are_shared_out_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    assert [up.threads_per_worker(n) for n in (1, 2, 3, 4, 8)] == [4, 2, 1, 1, 1]
+    assert [layout_choice.threads_per_worker(n) for n in (1, 2, 3, 4, 8)] == [4, 2, 1, 1, 1]
 
 
 def test_explicit_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_explicit_flags_win(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     args = parser.parse_args([*model, "--dtype", "float32", "--threads", "3"])
     config = up.cluster_config(args, port=0)
     assert (config.dtype, config.threads_per_worker) == ("float32", 3)
-    monkeypatch.setattr(up, "default_dtype", lambda _device: "bfloat16")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "bfloat16")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     config = up.cluster_config(parser.parse_args(model), port=0)
     assert (config.dtype, config.threads_per_worker) == ("bfloat16", 2)
@@ -81,7 +82,7 @@ def test_up_says_what_it_chose_and_why(
     up.add_cluster_flags(parser)
     up.add_budget_flags(parser)
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
-    monkeypatch.setattr(up, "default_dtype", lambda _device: "float32")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "float32")
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
@@ -122,7 +123,7 @@ def test_up_says_what_it_chose_and_why(
         "\n  layers: the LM head's stage holds fewer (--layer-split to choose)" if kernels else ""
     )  # nothing chosen for the user but the split
     config = up.cluster_config(parser.parse_args([*flags, "--pp", other]), port=0)
-    other_layout = up.LAYOUTS[int(other)]
+    other_layout = layout_choice.LAYOUTS[int(other)]
     assert (config.budget_tokens, config.idle_budget_tokens) == (
         other_layout.budget_tokens,
         other_layout.idle_budget_tokens,

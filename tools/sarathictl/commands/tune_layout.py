@@ -31,13 +31,8 @@ import grpc
 from sarathictl.argtypes import int_at_least
 from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload, probe
 from sarathictl.bench.progress import say
-from sarathictl.commands.up import (
-    LAYOUTS,
-    AutoLayout,
-    auto_dtypes,
-    resolve_model,
-    threads_per_worker,
-)
+from sarathictl.commands.up import resolve_model
+from sarathictl.layout_choice import LAYOUTS, AutoLayout, auto_dtypes, threads_per_worker
 from sarathictl.layout_file import (
     LayoutFigures,
     MachineKey,

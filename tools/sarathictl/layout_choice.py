@@ -1,0 +1,184 @@
+"""Which layout (pipeline depth, budgets) and dtype `sarathictl up --local` runs where the user
+leaves them to it: the rule taken from the side-by-side runs (default_layout, default_dtype),
+or what `sarathictl tune-layout` measured fastest on this machine (layout_file.py), and why, in
+words up prints. Imports torch only when a cluster is configured (the CLI's parser stays
+light)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sarathictl.layout_file import LayoutFileError, MeasuredLayout, machine_key, read_measured
+from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS
+
+
+def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
+    """bfloat16 on a GPU, and where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels
+    beat its float32 ones there, and the weights take half the memory); else float32. This is
+    the rule up goes by until `sarathictl tune-layout` has measured the dtypes of auto_dtypes."""
+    if device != "cpu":
+        return "bfloat16"
+    try:
+        flags = Path(cpuinfo).read_text(errors="replace").split()
+    except OSError:
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+@dataclass(frozen=True)
+class AutoLayout:
+    """What `up --local` runs where the user gave no --pp, and why (a line of up's output)."""
+
+    pp: int
+    budget_tokens: int
+    """The token budget at this depth, unless --budget is given (another depth given with --pp:
+    LOCAL_BUDGET_TOKENS)."""
+    why: str
+    why_budget: str = ""
+    idle_budget_tokens: int = 0
+    """The budget while nothing decodes (PP = 1), unless --idle-budget is given."""
+    why_idle_budget: str = ""
+
+    @property
+    def shape(self) -> str:
+        return "one worker on every core" if self.pp == 1 else "a share of the cores a stage"
+
+
+IDLE_BUDGET_TOKENS = 512
+"""The idle budget of up's PP=1 layout (SchedulerConfig.idle_budget_tokens)."""
+
+
+PP1_LAYOUT = AutoLayout(1, 64, (
+    "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
+    "threads, and against PP=2 (a core a stage, budget 32 or 128) it served more at "
+    "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
+    "runs the pipeline"
+), (
+    "budget 64: on the AVX2 EPYC 64-token chunks (150 ms on 2 cores) kept P99 TBT at "
+    "220-260 ms at 0.25 req/s where 128 gave 370-440 (session 12; --budget to choose)"
+), IDLE_BUDGET_TOKENS, (
+    f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
+    "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
+))  # fmt: skip
+"""One stage on every core, with the budgets measured for it."""
+
+PP2_LAYOUT = AutoLayout(2, LOCAL_BUDGET_TOKENS, (
+    "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
+    "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare; "
+    "`sarathictl tune-layout` measures both here)"
+))  # fmt: skip
+"""Two stages sharing the cores out."""
+
+LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
+"""The layouts `up` chooses between, by depth; `sarathictl tune-layout` measures each."""
+
+
+def default_layout(device: str, dtype: str) -> AutoLayout:
+    """The layout for this device and dtype by the side-by-side runs' rule."""
+    from stage_worker import native  # torch: only when a cluster is configured
+
+    if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
+        return PP1_LAYOUT
+    return PP2_LAYOUT
+
+
+def auto_dtypes(device: str = "cpu") -> tuple[str, ...]:
+    """The dtypes `--dtype auto` may run here, for tune-layout to measure: default_dtype's pick;
+    on a CPU that computes bf16 natively, float32 beside it where the AVX2 float32 kernels load.
+    They read a bf16 checkpoint's weights as bf16 panels, so which of the two is faster there is
+    the machine's to say, and no one has measured it yet."""
+    rule = default_dtype(device)
+    if device != "cpu" or rule == "float32":
+        return (rule,)
+    from stage_worker import native  # torch: only when a cluster is configured
+
+    return (rule, "float32") if native.fused_kernels() is not None else (rule,)
+
+
+def rule_dtype_why(device: str, dtype: str) -> str:
+    """Why default_dtype picked `dtype`, for up's line."""
+    if device != "cpu":
+        return "a GPU"
+    if dtype == "bfloat16":
+        return "this CPU computes bf16 natively"
+    return "this CPU has neither AVX512-BF16 nor AMX"
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """What up runs where the depth or the dtype is left to it, and why (up's lines)."""
+
+    auto: AutoLayout
+    """The layout without --pp."""
+    dtype: str
+    """The dtype, measured at the depth that runs, else default_dtype's (for --dtype auto)."""
+    why_dtype: str
+
+
+def machine_layout(
+    device: str, dtype: str, model_dir: str, layout_file: str, tp: int = 1, pp: int | None = None
+) -> LayoutChoice:
+    """What `sarathictl tune-layout` measured fastest for this CPU, the dtype asked for (`auto`
+    or a name) and model: the winner's depth, and at depth `pp` (None: the winner's) its fastest
+    dtype. Else default_layout's and default_dtype's. tune-layout measures TP=1 only. A layout
+    file that cannot be read is passed over, and the reason goes into the layout's `why`, which
+    up prints: up still starts."""
+    rule_dtype = default_dtype(device) if dtype == "auto" else dtype
+    rule = LayoutChoice(
+        default_layout(device, rule_dtype), rule_dtype, rule_dtype_why(device, rule_dtype)
+    )
+    if device != "cpu" or tp != 1 or not layout_file:
+        return rule
+    try:
+        measured = read_layout(Path(layout_file), model_dir, dtype)
+    except LayoutFileError as err:
+        auto = dataclasses.replace(
+            rule.auto, why=f"{rule.auto.why}; the measured layouts passed over: {err}"
+        )
+        return dataclasses.replace(rule, auto=auto)
+    if measured is None and dtype == "auto" and len(auto_dtypes(device)) > 1:
+        unmeasured = f"{rule.why_dtype}; float32 on our kernels not yet measured against it here"
+        return dataclasses.replace(rule, why_dtype=f"{unmeasured}: `sarathictl tune-layout`")
+    if measured is None or measured.pp not in LAYOUTS:
+        return rule
+    won = measured.best_at(pp or measured.pp)
+    if won is None:  # a depth tune-layout does not run
+        return rule
+    chosen = LAYOUTS[measured.pp]
+    auto = dataclasses.replace(
+        chosen,
+        why=f"{measured.winner().name}, {chosen.shape}: {measured.why()}; --pp to choose",
+    )
+    others = sorted({f.dtype for f in measured.figures if f.pp == won.pp} - {won.dtype})
+    why_dtype = (
+        f"measured faster than {' and '.join(others)} at PP={won.pp} here by `sarathictl "
+        "tune-layout`" if others else rule_dtype_why(device, won.dtype)
+    )  # fmt: skip
+    return LayoutChoice(auto, won.dtype, why_dtype)
+
+
+def read_layout(path: Path, model_dir: str, dtype: str) -> MeasuredLayout | None:
+    """The measurement for `dtype` as asked; for a dtype named with none of its own, that
+    dtype's layouts in the `--dtype auto` measurement, which holds them."""
+    measured = read_measured(path, machine_key(model_dir, dtype))
+    if measured is not None or dtype == "auto":
+        return measured
+    auto = read_measured(path, machine_key(model_dir, "auto"))
+    return None if auto is None else auto.only(dtype)
+
+
+def layout_at(pp: int, auto: AutoLayout, device: str) -> AutoLayout | None:
+    """The layout whose budgets go with depth `pp`: up's own pick at its depth; on a CPU, the
+    named layout of another depth (what tune-layout measured there); else None (the local
+    default budget)."""
+    if pp == auto.pp:
+        return auto
+    return LAYOUTS.get(pp) if device == "cpu" else None
+
+
+def threads_per_worker(num_workers: int) -> int:
+    """This machine's cores (those this process may use) shared out among the workers."""
+    return max(1, len(os.sched_getaffinity(0)) // num_workers)
