@@ -110,6 +110,20 @@ def test_stop_ids_are_the_union_of_the_members() -> None:
     assert roster.stop_ids().tolist() == []
 
 
+@pytest.mark.parametrize("num_stop_ids", [1, 3, 8, 9, 40])
+def test_stop_hits_find_every_token_that_is_a_stop_id(num_stop_ids: int) -> None:
+    """A few stop ids are compared one by one, many through np.isin: the same positions."""
+    from controller.scheduler.scheduler import stop_hits
+
+    rng = np.random.default_rng(num_stop_ids)
+    tokens = rng.integers(0, 64, 500).astype(np.int64)
+    stop_ids = rng.choice(64, num_stop_ids, replace=False).astype(np.int64)
+    expected = [i for i, t in enumerate(tokens.tolist()) if t in set(stop_ids.tolist())]
+    assert stop_hits(tokens, stop_ids).tolist() == expected
+    assert len(expected) > 0
+    assert stop_hits(tokens, np.array([], np.int64)).tolist() == []
+
+
 def test_decode_block_chunks_are_built_in_micro_batch_order() -> None:
     a, b = _decoding_seq(1), _decoding_seq(2, prompt_len=5)
     block = DecodeBlock(

@@ -35,7 +35,9 @@ def _decoding_scheduler(policy: str, num_seqs: int, prompt_len: int) -> Schedule
     blocks_per_seq = (prompt_len + 4096) // 16 + 1
     sched = Scheduler(config, CacheConfig(num_blocks=num_seqs * blocks_per_seq, block_size=16))
     for seq_id in range(num_seqs):
-        sched.add_request(seq_id, [1] * prompt_len, RequestParams(max_tokens=1 << 16), 0.0)
+        # An end-of-sequence id, as every served request has (unless ignore_eos); 2 is sampled.
+        params = RequestParams(max_tokens=1 << 16, stop_token_ids=frozenset({0}))
+        sched.add_request(seq_id, [1] * prompt_len, params, 0.0)
     # Run the prefills so that every sequence decodes from here on.
     while sched.num_waiting or any(not s.is_decoding for s in sched.running.values()):
         batch = sched.schedule(0.0)
