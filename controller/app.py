@@ -36,7 +36,7 @@ from controller.overload_watch import OverloadTracker, watch_overload
 from controller.pipeline_events import PipelineEvents
 from controller.scheduler import ConfigError, Scheduler
 from controller.security import read_tokens, server_credentials
-from controller.server import GenerationService, mark_serving, start_grpc_server
+from controller.server import GenerationService, mark_alive, mark_serving, start_grpc_server
 from controller.stage_report import publish_stage_metrics
 from controller.step_log import StepLog
 from controller.task_watch import FailureHandler, TaskFailed, start_watched
@@ -116,10 +116,12 @@ class Apis:
     http_server: HttpApiServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def publish(self, problem: str) -> None:
-        """The health watch's verdict: "" serves, anything else says why not."""
+    def publish(self, problem: str, stalled: bool) -> None:
+        """The health watch's verdict: "" serves, anything else says why not; a stall also
+        marks the process unhealthy (liveness)."""
         self.service.problem = problem
         mark_serving(self.health, serving=not problem)
+        mark_alive(self.health, alive=not stalled)
 
     async def stop(self) -> None:
         for task in self.tasks:

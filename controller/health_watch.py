@@ -1,5 +1,7 @@
-"""Keeps the gRPC health status honest: SERVING only while the pipeline is up, every worker's KV
-cache is ready and steps complete.
+"""Keeps the gRPC health status honest. The API's status (sarathi.v1.Generation, readiness) is
+SERVING only while the pipeline is up, every worker's KV cache is ready and steps complete; the
+process's ("", startup and liveness) turns NOT_SERVING only for a stall, the one problem a
+restart of the controller can cure (a lost stage is rebuilt, a cache finishes preparing).
 
 A pipeline whose stage hangs (a collective that never returns) still has an open socket; only
 the absence of completed steps while requests wait tells it apart from an idle one. Kubernetes
@@ -32,12 +34,21 @@ def diagnose(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float)
     preparing = pipeline.preparing_cache()
     if preparing:
         return _still_preparing(preparing)
-    stalled_s = engine.stalled_for_s()
-    if stalled_s < stall_timeout_s:
+    if not stalled(engine, pipeline, stall_timeout_s):
         return ""
+    stalled_s = engine.stalled_for_s()
     stage = pipeline.lagging_stage()
     where = "" if stage is None else f"; stage {stage} stopped answering"
     return f"no step completed for {stalled_s:.1f} s with requests waiting{where}"
+
+
+def stalled(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float) -> bool:
+    """A pipeline that is up and ready has completed no step for stall_timeout_s while requests
+    wait. (While a stage is down or a cache is being prepared nothing steps either, and that is
+    not a stall.)"""
+    return (
+        pipeline.up and not pipeline.preparing_cache() and engine.stalled_for_s() >= stall_timeout_s
+    )
 
 
 def _still_preparing(workers: list[WorkerInfo]) -> str:
@@ -57,9 +68,9 @@ async def watch_health(
     engine: Engine,
     pipeline: PipelineExecutor,
     stall_timeout_s: float,
-    publish: Callable[[str], None],
+    publish: Callable[[str, bool], None],
 ) -> None:
-    """Calls publish(problem) whenever the diagnosis changes ("" means serving)."""
+    """Calls publish(problem, stalled) every period ("" means serving)."""
     last: str | None = None
     while True:
         problem = diagnose(engine, pipeline, stall_timeout_s)
@@ -70,6 +81,6 @@ async def watch_health(
                 log.error("not serving: %s", problem)
             else:
                 log.info("serving")
-        publish(problem)
+        publish(problem, stalled(engine, pipeline, stall_timeout_s))
         last = problem
         await asyncio.sleep(_PERIOD_S)

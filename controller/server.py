@@ -210,8 +210,10 @@ async def start_grpc_server(
     credentials: grpc.ServerCredentials | None = None,
     tokens: frozenset[str] = frozenset(),
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
-    """Starts serving; health reports NOT_SERVING until mark_serving. Returns the bound port.
-    With credentials the port speaks only TLS; with tokens every call but health must carry one."""
+    """Starts serving. Health has two names: SERVICE_NAME, the API (readiness), NOT_SERVING
+    until mark_serving; and "", the process (startup and liveness probes), SERVING while it
+    lives, standby included, until mark_alive(False) for a stall. Returns the bound port. With
+    credentials the port speaks only TLS; with tokens every call but health must carry one."""
     interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
     # gRPC sets SO_REUSEPORT by default: a second controller on a port in use would bind it
     # too, and the kernel would share the calls between the two.
@@ -219,8 +221,8 @@ async def start_grpc_server(
     generate_pb2_grpc.add_GenerationServicer_to_server(service, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
@@ -238,11 +240,17 @@ async def start_grpc_server(
     return server, bound, health_servicer
 
 
-def mark_serving(health_servicer: health.HealthServicer, serving: bool = True) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
+def _status(up: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    return (
+        health_pb2.HealthCheckResponse.SERVING if up else health_pb2.HealthCheckResponse.NOT_SERVING
     )
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, status)
+
+
+def mark_serving(health_servicer: health.HealthServicer, serving: bool = True) -> None:
+    """The API's status (SERVICE_NAME): what readiness and clients wait for."""
+    health_servicer.set(SERVICE_NAME, _status(serving))
+
+
+def mark_alive(health_servicer: health.HealthServicer, alive: bool = True) -> None:
+    """The process's status (""): what liveness restarts on."""
+    health_servicer.set("", _status(alive))

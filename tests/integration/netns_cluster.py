@@ -186,9 +186,18 @@ class NamespacedCluster:
             return False
 
     def healthy(self, host: str = "ctl") -> bool:
+        """The controller on host serves requests (its API's health name: readiness)."""
+        return self._health(host, "sarathi.v1.Generation")
+
+    def alive(self, host: str = "ctl") -> bool:
+        """The controller's process lives (the empty health name, which Kubernetes' startup and
+        liveness probes ask): a standby too."""
+        return self._health(host, "")
+
+    def _health(self, host: str, name: str) -> bool:
         try:
             reply = health_pb2_grpc.HealthStub(self.channel_to(host)).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
+                health_pb2.HealthCheckRequest(service=name), timeout=1
             )
         except grpc.RpcError:
             return False

@@ -94,7 +94,9 @@ def test_calls_without_the_right_token_are_unauthenticated_over_tls(tmp_path: Pa
         assert await generate_code(channel, right) == grpc.StatusCode.UNAVAILABLE
         # Kubernetes probes carry no token.
         health = health_pb2_grpc.HealthStub(channel)
-        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        reply = await health.Check(
+            health_pb2.HealthCheckRequest(service="sarathi.v1.Generation"), timeout=5
+        )
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
     with_server(tmp_path, tls=True, check=check)

@@ -78,6 +78,9 @@ def test_the_standby_takes_over_and_every_stream_completes_through_resume(
     cluster: NamespacedCluster,
 ) -> None:
     assert cluster.healthy("ctl") and cluster.is_standby("ctl2")
+    # Kubernetes restarts a pod whose startup or liveness probe fails: a standby must pass both
+    # (the empty name) while its readiness (the API's name) keeps the Services off it.
+    assert cluster.alive("ctl2") and not cluster.healthy("ctl2")
     undisturbed = [finished(c) for c in start_clients(cluster)]
     clients = start_clients(cluster)
     cluster.wait_for(

@@ -88,7 +88,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
         if proc.poll() is not None:
             raise AssertionError(f"sarathictl up exited early:\n{proc.stdout.read().decode()}")  # type: ignore[union-attr]
         try:
-            if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+            if (
+                health.Check(
+                    health_pb2.HealthCheckRequest(service="sarathi.v1.Generation"), timeout=1
+                ).status
+                == 1
+            ):
                 break
         except grpc.RpcError:
             pass

@@ -51,7 +51,9 @@ class Cluster:
     def healthy(self) -> bool:
         health = health_pb2_grpc.HealthStub(self.channel)
         try:
-            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+            reply = health.Check(
+                health_pb2.HealthCheckRequest(service="sarathi.v1.Generation"), timeout=1
+            )
         except grpc.RpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING

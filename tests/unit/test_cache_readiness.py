@@ -5,7 +5,7 @@ that passed meanwhile sent traffic to a pipeline that could not run a step yet."
 from __future__ import annotations
 
 import asyncio
-from typing import cast
+from typing import Any, cast
 
 from sarathi_proto import generate_pb2, stage_pb2
 
@@ -87,4 +87,70 @@ def test_status_names_the_stage_whose_worker_still_prepares_its_cache() -> None:
     assert [(s.stage, s.up, s.preparing_cache) for s in status.stages] == [
         (0, True, False),
         (1, True, True),
+    ]
+
+
+def test_a_stall_alone_marks_the_process_unhealthy() -> None:
+    """Liveness (the empty health name) restarts the controller on a stall only: a stage that
+    is down or a cache being prepared is the controller's to wait out, not a reason to restart
+    it; readiness (the API's name) is off for all three."""
+    from controller.health_watch import stalled
+
+    class Engine:
+        stalled_s = 0.0
+
+        def stalled_for_s(self) -> float:
+            return self.stalled_s
+
+    class Pipeline:
+        def __init__(self) -> None:
+            self.up = True
+            self.preparing: list[object] = []
+
+        def preparing_cache(self) -> list[object]:
+            return self.preparing
+
+    engine, pipeline = Engine(), Pipeline()
+    assert not stalled(cast(Any, engine), cast(Any, pipeline), 30.0)
+    engine.stalled_s = 31.0
+    assert stalled(cast(Any, engine), cast(Any, pipeline), 30.0)
+    pipeline.up = False  # nothing steps while a stage is down: not a stall
+    assert not stalled(cast(Any, engine), cast(Any, pipeline), 30.0)
+    pipeline.up, pipeline.preparing = True, [object()]
+    assert not stalled(cast(Any, engine), cast(Any, pipeline), 30.0)
+
+
+def test_the_process_and_the_api_have_health_names_of_their_own() -> None:
+    """At start the process serves ("", what startup and liveness probes ask) and the API does
+    not (sarathi.v1.Generation, readiness); each changes alone."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from controller.server import SERVICE_NAME, mark_alive, mark_serving, start_grpc_server
+
+    async def main() -> list[tuple[int, int]]:
+        service = GenerationService("m")
+        server, port, health = await start_grpc_server(service, "127.0.0.1", 0)
+        seen = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            async def both() -> tuple[int, int]:
+                process = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+                api = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+                return process.status, api.status
+
+            seen.append(await both())
+            mark_serving(health, True)
+            seen.append(await both())
+            mark_alive(health, False)
+            seen.append(await both())
+        await server.stop(None)
+        return seen
+
+    serving, not_serving = 1, 2
+    assert asyncio.run(main()) == [
+        (serving, not_serving),
+        (serving, serving),
+        (not_serving, serving),
     ]

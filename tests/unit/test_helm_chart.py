@@ -982,8 +982,18 @@ def test_two_controller_replicas_make_an_active_and_a_standby_through_etcd() -> 
     objs = render(GPU, "etcd.enabled=true", "controller.replicas=2")
     deployment = only(objs, "Deployment")
     assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"  # never both down
+    # A standby is never Ready, and a rolling update would wait for it forever: Recreate.
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
     assert flags(container(deployment))["leader-lease"] == "3"
+    # Startup and liveness ask the process's health name, which a standby passes; readiness
+    # the API's, which it does not (else it would be restarted every startup deadline).
+    probes = container(deployment)
+    assert probes["startupProbe"]["grpc"].get("service", "") == ""
+    assert probes["livenessProbe"]["grpc"].get("service", "") == ""
+    assert probes["readinessProbe"]["grpc"]["service"] == "sarathi.v1.Generation"
+    # The disruption budget leaves the controllers out: an unready standby would block it.
+    pdb = only(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchExpressions"][0]["values"] == ["stage"]
     single = only(render(GPU), "Deployment")
     assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"]["type"] == "Recreate"
     assert "needs etcd.enabled=true" in helm_fails("controller.replicas=2")

@@ -22,12 +22,18 @@ from types import TracebackType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sarathi_proto import generate_pb2
 
 from sarathictl.local_devices import check_device, count_cuda_gpus, worker_device_args
 from stage_worker.config import load_spec
 from stage_worker.layer_split import check_split, default_split
 
 log = logging.getLogger(__name__)
+
+
+API_HEALTH_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+"""The health name that says the controller serves requests (its readiness); the empty name
+says only that its process lives."""
 
 
 def _die_with_parent_prefix(parent_pid: int | None = None) -> list[str]:
@@ -264,7 +270,9 @@ class LocalCluster:
             while time.monotonic() < deadline:
                 self.check_alive()
                 try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    reply = stub.Check(
+                        health_pb2.HealthCheckRequest(service=API_HEALTH_NAME), timeout=1.0
+                    )
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:

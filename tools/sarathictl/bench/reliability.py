@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import API_HEALTH_NAME, LocalCluster, LocalClusterConfig
 
 
 def rss_mib(pid: int) -> float:
@@ -82,7 +82,7 @@ def healthy(addr: str) -> bool:
     with grpc.insecure_channel(addr) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
+                health_pb2.HealthCheckRequest(service=API_HEALTH_NAME), timeout=1
             )
         except grpc.RpcError:
             return False
