@@ -1,5 +1,5 @@
 """`sarathictl tune-layout`: measure each layout `up --local` can run on this machine and keep
-the fastest, which `up` then runs whenever --pp is not given.
+the fastest, which `up` then runs whenever --pp is not given (with --dtype auto, in its dtype).
 
 Which layout wins depends on the CPU: on the AVX2 EPYCs one stage on both cores beat two
 one-core stages in float32 (BENCHMARKS.md), and on CPUs with AVX512-BF16 or AMX nobody has
