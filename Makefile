@@ -127,13 +127,18 @@ $(HELM): tools/helm_bin.py
 # object on, validates every object strictly against the Kubernetes schemas (offline; the CRD kinds
 # InferencePool, ServiceMonitor and HTTPRoute are checked by the tests instead), and checks k8s/
 # has not drifted from the chart.
+# The objects no k8s/ manifest holds: etcd, two controllers, TLS and bearer tokens.
+HELM_HA_SET := --set etcd.enabled=true,controller.replicas=2,controller.tls.secretName=tls,controller.auth.tokenSecret=tokens
 helm: install $(HELM)
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/gpu-tp4-pp2-values.yaml
 	$(HELM) lint --strict $(CHART) -f $(CHART)/ci/cpu-pp2-values.yaml
 	$(HELM) lint --strict $(CHART) --set pipelines=2,inferencePool.enabled=true,inferencePool.httpRoute.gatewayName=gw,metrics.serviceMonitor.enabled=true,metrics.grafanaDashboard.enabled=true
+	$(HELM) lint --strict $(CHART) $(HELM_HA_SET)
 	$(PY) tools/k8s_manifests.py --check
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 k8s/*.yaml
+	$(HELM) template sarathi-cluster $(CHART) $(HELM_HA_SET) > $(VENV)/helm-ha.yaml
+	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 $(VENV)/helm-ha.yaml
 	$(PY) -m pytest -q tests/unit/test_helm_chart.py tests/integration/test_helm_stage_entrypoint.py
 
 # Re-renders k8s/*.yaml from the chart (run after changing the chart or its ci/ values).
