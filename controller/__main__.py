@@ -232,7 +232,7 @@ def add_liveness_flags(p: argparse.ArgumentParser) -> None:
 def add_security_flags(p: argparse.ArgumentParser) -> None:
     """TLS for the gRPC API, bearer tokens for both APIs, CurveZMQ for the control plane; each
     off unless set."""
-    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API (TLS)")
+    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC and HTTP APIs (TLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument(
         "--curve-secret-key-file", default="", help="ZeroMQ certificate: require CurveZMQ"

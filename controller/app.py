@@ -159,11 +159,15 @@ async def start_apis(
 async def start_http_apis(apis: Apis, server: ServerConfig, on_task_failed: FailureHandler) -> None:
     """The OpenAI-compatible HTTP API and the metrics port, where configured."""
     if server.http_port:
+        tls = (server.tls_cert_file, server.tls_key_file) if server.tls_cert_file else None
         apis.http_server = await start_http_server(
-            apis.http_state, server.host, server.http_port, on_task_failed
+            apis.http_state, server.host, server.http_port, on_task_failed, tls
         )
         log.info(
-            "OpenAI-compatible HTTP API and /metrics on %s:%d", server.host, apis.http_server.port
+            "OpenAI-compatible HTTP API and /metrics on %s:%d%s",
+            server.host,
+            apis.http_server.port,
+            " (HTTPS)" if tls else "",
         )
     if server.metrics_port:
         apis.metrics.serve(server.metrics_port, server.host)

@@ -78,7 +78,8 @@ class ServerConfig:
     stall_timeout_s: float = 30.0
     """Requests waiting or running and no step completed for this long: health NOT_SERVING."""
     tls_cert_file: str = ""
-    """PEM certificate chain of the gRPC API; with tls_key_file, the API speaks only TLS."""
+    """PEM certificate chain of the gRPC and HTTP APIs; with tls_key_file, they speak only TLS
+    (the metrics port stays plaintext: it carries no tokens)."""
     tls_key_file: str = ""
     """PEM private key of tls_cert_file."""
     curve_secret_key_file: str = ""

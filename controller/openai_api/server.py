@@ -35,7 +35,11 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpApiServer:
-    def __init__(self, state: HttpApiState, host: str, port: int) -> None:
+    def __init__(
+        self, state: HttpApiState, host: str, port: int, tls: tuple[str, str] | None = None
+    ) -> None:
+        """tls: (certificate chain, private key) PEM files: the port then speaks only HTTPS,
+        as the gRPC port does with the same pair (bearer tokens are not sent in clear)."""
         self.state = state
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
@@ -54,6 +58,8 @@ class HttpApiServer:
             access_log=False,
             timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
             timeout_keep_alive=_KEEP_ALIVE_S,
+            ssl_certfile=tls[0] if tls else None,
+            ssl_keyfile=tls[1] if tls else None,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
@@ -83,8 +89,9 @@ async def start_http_server(
     host: str,
     port: int,
     on_task_failed: Callable[[str], None] = lambda name: None,
+    tls: tuple[str, str] | None = None,
 ) -> HttpApiServer:
     """Listening when this returns; requests get 503 until `state.attach`."""
-    server = HttpApiServer(state, host, port)
+    server = HttpApiServer(state, host, port, tls)
     await server.start(on_task_failed)
     return server

@@ -1,5 +1,5 @@
-"""TLS and bearer tokens on the gRPC API, with a real server on a loopback port (no pipeline:
-Generate answers UNAVAILABLE once a call is let in, which is all these checks need)."""
+"""TLS and bearer tokens on the gRPC and HTTP APIs, with real servers on loopback ports (no
+pipeline: Generate answers UNAVAILABLE once a call is let in, which is all these checks need)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,50 @@ def test_a_tls_port_refuses_plaintext_clients(tmp_path: Path) -> None:
             await server.stop(None)
 
     assert asyncio.run(main()) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_http_api_speaks_https_with_the_same_certificate(tmp_path: Path) -> None:
+    """--tls-cert covers the OpenAI-compatible port too: its bearer tokens never travel in
+    clear, and a plaintext client gets no answer."""
+    import http.client
+    import ssl
+
+    from controller.openai_api import HttpApiState, start_http_server
+
+    cert, key = make_cert(tmp_path)
+
+    async def main() -> tuple[int, str]:
+        server = await start_http_server(
+            HttpApiState("m"), "127.0.0.1", 0, tls=(str(cert), str(key))
+        )
+
+        def get(secure: bool) -> tuple[int, str]:
+            if secure:
+                context = ssl.create_default_context(cafile=str(cert))
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    "localhost", server.port, context=context, timeout=10
+                )
+            else:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            try:
+                conn.request("GET", "/health")
+                response = conn.getresponse()
+                return response.status, response.read().decode()
+            except (http.client.HTTPException, OSError) as err:
+                return 0, type(err).__name__
+            finally:
+                conn.close()
+
+        try:
+            secure = await asyncio.to_thread(get, True)
+            plain = await asyncio.to_thread(get, False)
+        finally:
+            await server.stop()
+        assert plain[0] in (0, 400), plain  # no HTTP answer, or uvicorn's "bad request"
+        return secure
+
+    status, _ = asyncio.run(main())
+    assert status == 503  # served over TLS: not ready, as no pipeline is attached
 
 
 def test_token_compare_and_token_file_errors_name_the_field(tmp_path: Path) -> None:

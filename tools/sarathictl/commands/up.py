@@ -279,7 +279,7 @@ def add_reliability_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--while-down", default="hold", choices=["hold", "fail"], help="new requests")
     p.add_argument("--auth-token-file", default="", help="bearer tokens, one per line")
-    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC API")
+    p.add_argument("--tls-cert", default="", help="PEM certificate of the gRPC and HTTP APIs")
     p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
 
 
@@ -346,7 +346,9 @@ def serving_banner(cluster: LocalCluster, args: argparse.Namespace) -> str:
         f"  sarathictl status --addr {cluster.addr}",
     ]
     if cluster.http_port:
-        lines.append(f"  OpenAI-compatible API: {cluster.http_base_url}")
+        url = cluster.http_base_url
+        url = "https" + url.removeprefix("http") if args.tls_cert else url  # --tls-cert: HTTPS
+        lines.append(f"  OpenAI-compatible API: {url}")
     if args.metrics_port:
         host = connect_host(cluster.config.host)
         lines.append(f"  Prometheus metrics: http://{host}:{args.metrics_port}/metrics")
