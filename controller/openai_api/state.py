@@ -6,7 +6,6 @@ the engine once it serves, and detaches it when shutting down.
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Protocol
 from controller.api_request import RequestLimits
 from controller.engine import GenerationRequest, RequestHandle
 from controller.openai_api.errors import bad_api_key, not_ready, queue_full
+from controller.security import token_matches
 from controller.tokenizer import Tokenizer
 
 
@@ -75,11 +75,8 @@ class HttpApiState:
     def authenticate(self, authorization: str | None) -> None:
         if not self.api_keys:
             return
-        scheme, _, token = (authorization or "").partition(" ")
-        # compare_digest: the time taken must not tell how much of a guessed key was right.
-        if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(token.strip().encode(), key.encode()) for key in self.api_keys
-        ):
+        # The gRPC API's rule: constant-time, against every key.
+        if not token_matches(authorization or "", self.api_keys):
             raise bad_api_key()
 
     def admit(self) -> None:
