@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from stage_worker.attention import cpu_kernel
@@ -21,7 +22,12 @@ class _Prefill:
     query_start: int
     num_tokens: int
     context_slots: torch.Tensor  # [context_len] flat cache slots
-    mask: torch.Tensor | None  # [num_tokens, context_len] True = attend; None = plain causal
+    later_chunk: CausalBias | None
+    """A chunk after cached positions of its prompt: causal from the bottom right (query i sees
+    keys up to context_len - num_tokens + i). None: the prompt's first chunk, plain causal. Not a
+    boolean mask: on CUDA, SDPA with a mask and grouped KV heads falls back to its math kernel,
+    which materializes every score in float32, while this bias keeps a bf16 chunk on flash
+    attention (BENCHMARKS.md, the fourth GPU session: the chunked policy's capacity on an H200)."""
 
 
 @dataclass
@@ -69,8 +75,10 @@ def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -
     )
 
 
-def _context_slots(block_ids: tuple[int, ...], context_len: int, block_size: int) -> list[int]:
-    return [block_ids[p // block_size] * block_size + p % block_size for p in range(context_len)]
+def _context_slots(block_ids: tuple[int, ...], context_len: int, block_size: int) -> np.ndarray:
+    """The flat cache slot of each of a sequence's first context_len positions: [context_len]."""
+    blocks = np.asarray(block_ids[: -(-context_len // block_size)], dtype=np.int64)
+    return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[:context_len]
 
 
 class TorchAttention:
@@ -124,15 +132,10 @@ def _prepare_torch(meta: AttentionMetadata) -> None:
             decode_tables.append(list(s.block_ids[: -(-s.context_len // bs)]))
             decode_lens.append(s.context_len)
             continue
-        slots = _context_slots(s.block_ids, s.context_len, bs)
-        mask = None
-        if s.first_position > 0:
-            # query i sits at position first_position + i and sees keys up to it
-            q_pos = torch.arange(s.first_position, s.context_len, device=device)
-            mask = torch.arange(s.context_len, device=device)[None, :] <= q_pos[:, None]
-        prefills.append(
-            _Prefill(s.query_start, s.num_tokens, torch.tensor(slots, device=device), mask)
-        )
+        slots = torch.from_numpy(_context_slots(s.block_ids, s.context_len, bs)).to(device)
+        # query i sits at position first_position + i and sees keys up to it
+        later = causal_lower_right(s.num_tokens, s.context_len) if s.first_position > 0 else None
+        prefills.append(_Prefill(s.query_start, s.num_tokens, slots, later))
     meta.extra["torch_prefills"] = prefills
     meta.extra["torch_decodes"] = None
     if not decode_rows:
@@ -175,7 +178,8 @@ def _attend_torch(
         qi = q[rows].transpose(0, 1)[None]  # [1, Hq, n, D]
         ki = flat_k[p.context_slots].transpose(0, 1)[None]  # [1, Hkv, L, D]
         vi = flat_v[p.context_slots].transpose(0, 1)[None]
-        oi = sdpa(qi, ki, vi, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True)
+        causal = p.later_chunk is None
+        oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk, is_causal=causal, enable_gqa=True)
         out[rows] = oi[0].transpose(0, 1)
     if decodes is not None:
         out[decodes.rows] = decodes.attend(q[decodes.rows], k_cache, v_cache)
