@@ -6,6 +6,9 @@
 #   bench  the stage benchmarks of a Mistral-7B-shaped model with random bf16 weights (JSON and
 #          a table each), torch attention and flashinfer, each decode point eager and from a
 #          CUDA graph;
+#   bench-chunks  what the chunked policy's steps cost over long prompts: a 512-token chunk
+#          after 3,072 cached tokens of its prompt beside the prompt's first 512 and a decode
+#          batch of 32 over 3,072-token contexts, torch attention (GPU_BENCH_ATTENTION for others);
 #   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
 #   bench-no-decode-kernel  the torch one again with --no-decode-kernel (torch's paged_decode
 #          in the graphs, not the Triton kernel);
@@ -104,6 +107,12 @@ PY
 if [[ $parts == *" bench "* ]]; then
   for attention in ${GPU_BENCH_ATTENTION:-torch flashinfer}; do
     bench "stage-$attention" --attention "$attention"
+  done
+fi
+if [[ $parts == *" bench-chunks "* ]]; then
+  for attention in ${GPU_BENCH_ATTENTION:-torch}; do
+    bench "stage-chunks-$attention" --attention "$attention" --context-tokens 3072 \
+      --decode-batches 32 --prefill-chunks 512 --later-chunks 128,512
   done
 fi
 if [[ $parts == *" bench-unfused "* ]]; then

@@ -9,17 +9,19 @@ from pathlib import Path
 import pytest
 from sarathictl.cli import main
 
+KINDS = ("decode", "prefill", "chunk")
+
 
 def test_bench_stage_reports_decode_and_prefill_points_and_the_floor(
     tiny_checkpoint: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "stage", "--model", str(tiny_checkpoint("llama")), "--dtype", "float32"]
-    argv += ["--decode-batches", "1,8", "--prefill-chunks", "32,96"]
+    argv += ["--decode-batches", "1,8", "--prefill-chunks", "32,96", "--later-chunks", "48"]
+    argv += ["--context-tokens", "200"]
     assert main([*argv, "--repeats", "1", "--copy-bytes", "1000000", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    decodes = [r["tokens"] for r in report["rows"] if r["kind"] == "decode"]
-    prefills = [r["tokens"] for r in report["rows"] if r["kind"] == "prefill"]
-    assert (decodes, prefills) == ([1, 8], [32, 96])
+    tokens = {k: [r["tokens"] for r in report["rows"] if r["kind"] == k] for k in KINDS}
+    assert tokens == {"decode": [1, 8], "prefill": [32, 96], "chunk": [48]}
     assert all(r["step_ms"] > 0 for r in report["rows"])
     assert report["copy_bandwidth_gb_s"] > 0
     assert report["decode1_over_floor"] == pytest.approx(
@@ -39,3 +41,14 @@ def test_random_shape_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     spec = load_spec(tmp_path / "m")
     assert (spec.num_layers, spec.hidden_size, spec.num_kv_heads) == (2, 64, 2)
     assert spec.tie_word_embeddings
+
+
+def test_later_chunks_alone_are_timed_against_the_prefill_ceiling(
+    tiny_checkpoint: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "stage", "--model", str(tiny_checkpoint("llama")), "--dtype", "float32"]
+    argv += ["--decode-batches", "", "--prefill-chunks", "", "--later-chunks", "16,64"]
+    assert main([*argv, "--repeats", "1", "--copy-bytes", "1000000", "--matmul-size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "| chunk | 16 |" in out and "| chunk | 64 |" in out
+    assert "of the ceiling" in out and "prefill ceiling" in out

@@ -1,7 +1,8 @@
 """`sarathictl bench stage`: one stage's step time against the tokens in the step.
 
-Decode batches (1..64 sequences, one token each, over an existing context) and prefill chunks
-(32..1024 tokens) through the whole model as one stage (PP=1, TP=1), the paper's Figures 3, 5
+Decode batches (1..64 sequences, one token each, over an existing context), prefill chunks
+(32..1024 tokens) and, with --later-chunks, chunks after cached positions of their own prompt
+through the whole model as one stage (PP=1, TP=1), the paper's Figures 3, 5
 and 7 in small. Against two ceilings measured in the same run:
 - the decode floor: a decode step must read every weight once, so it cannot beat weight bytes /
   memory bandwidth; the bandwidth is measured with a large tensor copy;
@@ -112,7 +113,8 @@ def linear_flops_per_token(model: StageModel) -> int:
 @dataclass(frozen=True)
 class Row:
     kind: str
-    """decode (tokens = sequences, one token each) or prefill (tokens = chunk length)."""
+    """decode (tokens = sequences, one token each), prefill (a prompt's first chunk; tokens =
+    chunk length) or chunk (tokens = chunk length, after the bench's context_tokens cached)."""
     tokens: int
     step_ms: float
     """Eager step time."""
@@ -128,12 +130,17 @@ class StageBench:
         attention: str,
         max_batch: int = max(DECODE_BATCHES),
         max_chunk: int = max(PREFILL_CHUNKS),
+        max_later_chunk: int = 0,
     ) -> None:
         self.model = model
         self.context_tokens = context_tokens
         spec = model.spec
         blocks_per_seq = -(-(context_tokens + 1) // BLOCK_SIZE)
-        num_blocks = max(max_batch * blocks_per_seq, -(-max_chunk // BLOCK_SIZE))
+        num_blocks = max(
+            max_batch * blocks_per_seq,
+            -(-max_chunk // BLOCK_SIZE),
+            -(-(context_tokens + max_later_chunk) // BLOCK_SIZE),
+        )
         self.cache = KVCache(
             len(model.layers), num_blocks, BLOCK_SIZE, model.num_kv_heads_local, spec.head_dim,
             model.device, model.dtype,
@@ -170,6 +177,11 @@ class StageBench:
     def prefill_seqs(self, chunk: int) -> list[SeqSlice]:
         return [SeqSlice(0, chunk, chunk, tuple(range(-(-chunk // BLOCK_SIZE))))]
 
+    def later_chunk_seqs(self, chunk: int) -> list[SeqSlice]:
+        """A chunk at positions context_tokens.. of its prompt, attending to all before it."""
+        length = self.context_tokens + chunk
+        return [SeqSlice(0, chunk, length, tuple(range(-(-length // BLOCK_SIZE))))]
+
 
 def load_model(args: argparse.Namespace, dtype: torch.dtype) -> tuple[StageModel, str]:
     """The model to time and its name: random weights drawn on the device (--random-shape
@@ -196,6 +208,7 @@ def time_points(bench: StageBench, args: argparse.Namespace) -> tuple[list[Row],
     for kind, sizes, make in (
         ("decode", args.decode_batches, bench.decode_seqs),
         ("prefill", args.prefill_chunks, bench.prefill_seqs),
+        ("chunk", args.later_chunks, bench.later_chunk_seqs),
     ):
         for n in sizes:
             step = partial(bench.step, make(n))
@@ -271,7 +284,7 @@ def make_report(
     args: argparse.Namespace, model: StageModel, name: str, rows: list[Row], bandwidth: float
 ) -> Report:
     rate = None
-    if any(r.kind == "prefill" for r in rows):
+    if any(r.kind != "decode" for r in rows):
         rate = matmul_flops_per_s(args.device, model.dtype, args.matmul_size)
     cuda = args.device.startswith("cuda")
     return Report(
@@ -307,13 +320,17 @@ def make_report(
 
 def fit_step_cost(rows: list[Row], context_tokens: int) -> tuple[float, float, float] | None:
     """Least squares of each point's best time against (1, tokens, attended pairs): a decode of
-    B sequences over c cached tokens attends B (c + 1) keys, a prefill of n tokens n (n + 1) / 2.
-    None without both kinds of point; a coefficient fitted negative is dropped."""
-    if len({r.kind for r in rows}) < 2 or len(rows) < 3:
+    B sequences over c cached tokens attends B (c + 1) keys, a prefill of n tokens n (n + 1) / 2,
+    a later chunk n c + n (n + 1) / 2. None without decodes and chunks both; a coefficient
+    fitted negative is dropped."""
+    if not ({"decode"} < {r.kind for r in rows}) or len(rows) < 3:
         return None
     features, times = [], []
     for r in rows:
-        pairs = r.tokens * (context_tokens + 1) if r.kind == "decode" else attended(0, r.tokens)
+        if r.kind == "decode":
+            pairs = r.tokens * (context_tokens + 1)
+        else:
+            pairs = attended(context_tokens if r.kind == "chunk" else 0, r.tokens)
         features.append((1.0, float(r.tokens), float(pairs)))
         times.append(min(r.step_ms, r.graph_ms or r.step_ms) / 1e3)
     fixed, per_token, per_attended = nonnegative_fit(np.array(features), np.array(times))
@@ -323,7 +340,8 @@ def fit_step_cost(rows: list[Row], context_tokens: int) -> tuple[float, float, f
 def print_report(r: Report) -> None:
     print(
         f"{r.model} ({r.dtype}): {r.param_bytes / 1e6:.1f} MB of weights as held, on "
-        f"{r.device_name} ({r.threads} threads), decodes over {r.context_tokens}-token contexts, "
+        f"{r.device_name} ({r.threads} threads), decodes and later chunks over "
+        f"{r.context_tokens}-token contexts, "
         f"attention={r.attention}{' (C kernel)' if r.cpu_attention_kernel else ''}"
         f"{' (Triton decode kernel in graphs)' if r.decode_kernel else ''}"
         f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}"
@@ -360,8 +378,10 @@ def print_report(r: Report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.decode_batches and not args.prefill_chunks:
-        raise ValueError("--decode-batches and --prefill-chunks are both empty: nothing to time")
+    if not (args.decode_batches or args.prefill_chunks or args.later_chunks):
+        raise ValueError(
+            "--decode-batches, --prefill-chunks and --later-chunks are all empty: nothing to time"
+        )
     if args.model is None and args.random_shape is None:
         raise ValueError("give --model (a checkpoint folder), --random-shape, or both")
     if args.matmul_size is None:
@@ -387,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
         args.attention,
         max(args.decode_batches, default=1),
         max(args.prefill_chunks, default=1),
+        max(args.later_chunks, default=0),
     )
     rows, bandwidth = time_points(bench, args)
     report = make_report(args, model, name, rows, bandwidth)

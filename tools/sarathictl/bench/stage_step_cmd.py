@@ -58,7 +58,8 @@ def _add_stage_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_point_args(p: argparse.ArgumentParser) -> None:
-    """The points timed: decode batch sizes in sequences, prefill chunk lengths in tokens."""
+    """The points timed: decode batch sizes in sequences, prefill chunk lengths in tokens (a
+    prompt's first chunk, and later ones over its cached positions)."""
     sizes = comma_list(int_at_least(1), allow_empty=True)
     p.add_argument(
         "--decode-batches",
@@ -71,6 +72,13 @@ def _add_point_args(p: argparse.ArgumentParser) -> None:
         type=sizes,
         default=PREFILL_CHUNKS,
         help="comma-separated prefill chunk lengths (empty: none)",
+    )
+    p.add_argument(
+        "--later-chunks",
+        type=sizes,
+        default=(),
+        help="comma-separated chunk lengths, each timed after --context-tokens of its own prompt "
+        "already cached: the chunked policy's steady state (default: none)",
     )
 
 
