@@ -8,7 +8,8 @@
 #          CUDA graph;
 #   bench-chunks  what the chunked policy's steps cost over long prompts: a 512-token chunk
 #          after 3,072 cached tokens of its prompt beside the prompt's first 512 and a decode
-#          batch of 32 over 3,072-token contexts, torch attention (GPU_BENCH_ATTENTION for others);
+#          batch of 32 over 3,072-token contexts, torch attention (GPU_BENCH_ATTENTION for others),
+#          and one layer's chunk attention with a boolean mask against the causal bias;
 #   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
 #   bench-no-decode-kernel  the torch one again with --no-decode-kernel (torch's paged_decode
 #          in the graphs, not the Triton kernel);
@@ -31,7 +32,7 @@
 #     grpcio==1.85.1 grpcio-health-checking grpcio-reflection protobuf llguidance aetcd gguf \
 #     starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
 # (25 MB; flashinfer 0.7's wheel alone is 62 MB, too large for a device call's 64 MB).
-# GPU_CHECK_PARTS (default "tests bench bench-unfused profile live-sarathi live-vllm") picks
+# GPU_CHECK_PARTS (default "tests bench bench-chunks bench-unfused profile live-sarathi live-vllm") picks
 # parts, so that each fits a call's time limit. The live parts write their model once, to GPU_CHECK_MODEL_DIR (default
 # /tmp/gpu_check_model, 14.5 GB), and keep the strict SLO the first of them measured there, so
 # that both policies are held to the same one. GPU_CHECK_DEVICE (default cuda) and
@@ -69,7 +70,7 @@ export PYTHONUNBUFFERED=1
   python3 -c 'import flashinfer; print("flashinfer", flashinfer.__version__)' 2>&1 | tail -1
 } | tee "$out/device.txt"
 
-parts=" ${GPU_CHECK_PARTS:-tests bench bench-unfused profile live-sarathi live-vllm} "
+parts=" ${GPU_CHECK_PARTS:-tests bench bench-chunks bench-unfused profile live-sarathi live-vllm} "
 status=0
 if [[ $parts == *" tests "* ]]; then
   # flashinfer's tests last: its first use compiles its kernels (minutes), and a run cut short
@@ -114,6 +115,8 @@ if [[ $parts == *" bench-chunks "* ]]; then
     bench "stage-chunks-$attention" --attention "$attention" --context-tokens 3072 \
       --decode-batches 32 --prefill-chunks 512 --later-chunks 128,512
   done
+  # one layer's chunk attention: the boolean mask the torch path used before 2026-11-28
+  python3 tools/bench_chunk_attention.py | tee "$out/chunk-attention.md" || status=1
 fi
 if [[ $parts == *" bench-unfused "* ]]; then
   bench stage-torch-unfused --attention torch --no-fused-ops
