@@ -41,7 +41,10 @@ def _add_stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device(), default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--attention", default="torch", choices=["torch", "flashinfer"])
     p.add_argument(
-        "--context-tokens", type=int_at_least(0), default=256, help="context of each decode"
+        "--context-tokens",
+        type=int_at_least(0),
+        default=256,
+        help="cached tokens before each decode and each later chunk",
     )
     p.add_argument(
         "--repeats", type=int_at_least(1), default=5, help="timed runs per point (median)"
