@@ -142,8 +142,12 @@ def test_live_capacity_json_prints_one_line_per_probe(
     """`bench capacity --local --json` with the cluster and the replay stood in for: a rate
     passes up to 2 req/s (P99 TBT 0.05 s per req/s against a 0.1 s SLO)."""
 
+    step_log = tmp_path / "steps.jsonl"
+    step_log.touch()
+
     class NoCluster:
         addr = "stand-in"
+        step_log_path = step_log
 
         def __init__(self, config: object) -> None:
             pass
@@ -156,6 +160,10 @@ def test_live_capacity_json_prints_one_line_per_probe(
 
     async def replay(addr: str, requests: list[SimRequest], **_: object) -> LiveRun:
         qps = len(requests) / max(requests[-1].arrival_s, 1e-9)
+        with step_log.open("a") as log:  # one decode-only micro-batch of 10 ms per probe
+            stage = {"work_s": 0.01, "reported_s": 0.0}
+            line = {"prompt_tokens": 0, "decodes": 3, "prefill_pairs": 0, "sent_s": 0.0}
+            log.write(json.dumps(line | {"returned_s": 0.01, "stages": [stage]}) + "\n")
         records = [
             LiveRecord(r.arrival_s, r.arrival_s + 0.1, r.arrival_s + 1, 0.01, 8, 4, [0.05 * qps])
             for r in requests
@@ -177,3 +185,8 @@ def test_live_capacity_json_prints_one_line_per_probe(
     assert [m.group(3) == "meets SLO" for m in probes] == [ok for _, ok in row["probes"]]
     assert "[sarathi] starting a local cluster" in captured.err
     assert "[sarathi] capacity " in captured.err
+    # each probe's steps, from the cluster's step log: on stderr after its verdict, and in JSON
+    steps = [line for line in captured.err.splitlines() if line.startswith("[sarathi]   steps: ")]
+    assert len(steps) == len(probes) == len(row["probe_steps"])
+    assert all("1 decode-only p50 10.0 / p99 10.0 ms" in line for line in steps)
+    assert [qps for qps, _ in row["probe_steps"]] == [qps for qps, _ in row["probes"]]

@@ -8,7 +8,8 @@ import io
 import json
 
 import pytest
-from sarathictl.bench.calibrate import profile_rows, turnaround_s
+from sarathictl.bench.calibrate import profile_rows
+from sarathictl.bench.step_log_lines import turnaround_s
 
 from controller.scheduler import MicroBatch, ScheduledChunk
 from controller.scheduler.step_cost import attended

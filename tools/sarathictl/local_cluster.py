@@ -113,6 +113,9 @@ class LocalClusterConfig:
     """Where the children's logs go; empty: a folder under the system temp dir."""
     prefix_caching: bool = True
     """Automatic prefix caching on the controller (False: --no-prefix-caching)."""
+    step_log: bool = False
+    """The controller logs one JSON line per micro-batch (`--step-log`) to
+    LocalCluster.step_log_path, in log_dir."""
     extra_controller_args: tuple[str, ...] = ()
     """More flags for `python -m controller`."""
     extra_worker_args: tuple[str, ...] = ()
@@ -170,6 +173,11 @@ class LocalCluster:
         return f"{connect_host(self.config.host)}:{self.port}"
 
     @property
+    def step_log_path(self) -> Path:
+        """Where the controller logs its micro-batches, with config.step_log."""
+        return self.log_dir / "steps.jsonl"
+
+    @property
     def http_base_url(self) -> str:
         """What the `openai` client takes as base_url."""
         return f"http://{connect_host(self.config.host)}:{self.http_port}/v1"
@@ -216,6 +224,7 @@ class LocalCluster:
                 *(["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []),
                 *(["--max-num-seqs", str(cfg.max_num_seqs)] if cfg.max_num_seqs else []),
                 *([] if cfg.prefix_caching else ["--no-prefix-caching"]),
+                *(["--step-log", str(self.step_log_path)] if cfg.step_log else []),
                 *cfg.extra_controller_args,
             ],
             env,

@@ -18,7 +18,6 @@ composition and stage time leaves nothing to infer.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ import numpy as np
 from controller.executor.simulated import SimRequest
 from controller.simulator.linear_profile import ProfileRow, StageCoefficients, fit_rows
 from sarathictl.bench.live_load import replay
+from sarathictl.bench.step_log_lines import read_step_log, turnaround_s
 from sarathictl.client import Client
 from sarathictl.commands.tune_budget import measure
 
@@ -40,8 +40,6 @@ DECODE_POINTS = ((1, 64), (8, 64), (32, 64), (16, 384))
 DECODE_OUTPUT_TOKENS = 24
 SKIPPED_GAPS = 4
 """Gaps at the start of each request while the others' prompts still prefill."""
-NEXT_PLAN_WITHIN_S = 0.005
-"""A plan sent this soon after a result was sent because of it (the pipeline was full)."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +59,6 @@ def decode_gap_s(addr: str, batch: int, prompt_tokens: int) -> float:
     return statistics.median(g for r in run.records for g in r.gaps_s[SKIPPED_GAPS:])
 
 
-def read_step_log(path: Path, offset: int = 0) -> list[dict[str, Any]]:
-    """The step log's lines from byte `offset` on (the calibration's own)."""
-    with open(path) as f:
-        f.seek(offset)
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def profile_rows(lines: Sequence[dict[str, Any]]) -> list[ProfileRow]:
     """One row per micro-batch: its features and its stages' mean time (every simulated stage
     costs the same)."""
@@ -81,24 +72,6 @@ def profile_rows(lines: Sequence[dict[str, Any]]) -> list[ProfileRow]:
         )
         for line in lines
     ]
-
-
-def turnaround_s(lines: Sequence[dict[str, Any]]) -> float:
-    """Median time from a micro-batch's end on the last stage to the start on stage 0 of the
-    plan its result let the controller send (sent within NEXT_PLAN_WITHIN_S of the result's
-    return); 0 when the load never filled the pipeline. A stage's end is when the controller
-    read its report, its start that less the stage's own time."""
-    by_sent = sorted(lines, key=lambda line: line["sent_s"])
-    sent = [line["sent_s"] for line in by_sent]
-    gaps = []
-    for line in lines:
-        i = int(np.searchsorted(sent, line["returned_s"]))
-        if i == len(sent) or sent[i] - line["returned_s"] > NEXT_PLAN_WITHIN_S:
-            continue
-        last_end = min(line["returned_s"], line["stages"][-1]["reported_s"])
-        first = by_sent[i]["stages"][0]
-        gaps.append(first["reported_s"] - first["work_s"] - last_end)
-    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
 def fit_error(rows: Sequence[ProfileRow], c: StageCoefficients) -> dict[str, float]:

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.executor.simulated import SimRequest
@@ -22,8 +22,10 @@ from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.bench.capacity import CapacityResult, ProbeCallback, ProbeResult, search_capacity
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.metrics import ServingMetrics
+from sarathictl.bench.probe_steps import ProbeSteps, summarize
 from sarathictl.bench.probe_verdict import ProbeBounds
 from sarathictl.bench.progress import probe_line, rate, say
+from sarathictl.bench.step_log_lines import read_step_log
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
 
@@ -41,6 +43,8 @@ class PolicyCapacity:
     saturated: ServingMetrics | None = None
     """Metrics of one run at the saturating rate (every policy the same), if asked for: at
     capacity a CPU pipeline holds few requests, so its idle stages say little about balance."""
+    probe_steps: list[tuple[float, ProbeSteps]] = field(default_factory=list)
+    """(rate, what its steps cost) for each probe, in the order they ran."""
 
     @property
     def capacity_qps(self) -> float:
@@ -68,12 +72,15 @@ def measure_policy(
     on_probe: ProbeCallback | None = None,
     on_ready: Callable[[float], None] | None = None,
     search_time_s: float = 0.0,
+    on_steps: Callable[[ProbeSteps], None] | None = None,
 ) -> PolicyCapacity:
     """on_ready(P99 TBT bound in seconds) once the policy's cluster serves and the bound is
-    known; on_probe after each probe; search_time_s (0: none) ends the search before a probe
-    that would end past that many seconds of it (capacity.py)."""
+    known; on_probe after each probe, then on_steps with what its steps cost; search_time_s (0:
+    none) ends the search before a probe that would end past that many seconds of it
+    (capacity.py)."""
     config = with_budget(replace(base, policy=policy), budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
+    probe_steps: list[tuple[float, ProbeSteps]] = []
     with LocalCluster(config) as cluster:
         tbt_slo_s = slo.on(cluster)
         asyncio.run(replay(cluster.addr, warmup_requests(make_requests(initial_qps))))
@@ -82,7 +89,10 @@ def measure_policy(
 
         def passes(qps: float) -> ProbeResult:
             bounds = ProbeBounds(tbt_slo_s)
+            offset = cluster.step_log_path.stat().st_size if config.step_log else 0
             run = asyncio.run(replay(cluster.addr, make_requests(qps), bounds=bounds))
+            if config.step_log:
+                probe_steps.append((qps, summarize(read_step_log(cluster.step_log_path, offset))))
             metrics = run.metrics()
             ok = metrics.meets(tbt_slo_s)
             if ok:
@@ -96,19 +106,25 @@ def measure_policy(
                 why_stopped=run.stop_reason,
             )
 
+        def probed(probe: ProbeResult) -> None:
+            if on_probe is not None:
+                on_probe(probe)
+            if on_steps is not None and config.step_log:
+                on_steps(probe_steps[-1][1])
+
         result: CapacityResult = search_capacity(
             passes,
             initial_qps,
             granularity,
             min_qps=initial_qps * MIN_QPS_FRACTION,
-            on_probe=on_probe,
+            on_probe=probed,
             time_limit_s=search_time_s,
         )
         saturated = None
         if saturation_qps > 0:
             saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
     at_capacity, share = best.get(result.capacity_qps, (None, None))
-    return PolicyCapacity(policy, budget_tokens, result, at_capacity, share, saturated)
+    return PolicyCapacity(policy, budget_tokens, result, at_capacity, share, saturated, probe_steps)
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
@@ -178,7 +194,8 @@ def run_local(args: argparse.Namespace) -> int:
 
 def base_config(args: argparse.Namespace) -> LocalClusterConfig:
     """The cluster every policy starts from (policy and budget are set per policy), on a free
-    port (0) rather than the default 50051. Without prefix caching: every probe replays the same
+    port (0) rather than the default 50051, logging its steps (what each probe's steps cost is
+    reported beside its verdict). Without prefix caching: every probe replays the same
     prompts (one seed, so that rates differ only in their arrivals), which a cache would serve
     from the probe before (the paper's capacity has no cache; these prompts share nothing)."""
     from sarathictl.commands.up import resolve_model
@@ -193,6 +210,7 @@ def base_config(args: argparse.Namespace) -> LocalClusterConfig:
         device=args.device,
         dtype="float32" if args.device == "cpu" else "bfloat16",
         prefix_caching=False,
+        step_log=True,
     )
 
 
@@ -278,6 +296,7 @@ def search_policy_capacity(
         on_probe=lambda probe: say(probe_line(policy, probe, slo.seconds)),
         on_ready=ready,
         search_time_s=args.search_time_s,
+        on_steps=lambda steps: say(f"[{policy}]   steps: {steps.describe()}"),
     )
     search = result.search
     unsure = (
@@ -338,6 +357,7 @@ def result_row(r: PolicyCapacity, reference: PolicyCapacity | None) -> dict[str,
         "controller_share_of_step_at_capacity": r.controller_share_at_capacity,
         "saturated": r.saturated.to_dict() if r.saturated else None,
         "probes": r.search.probes,
+        "probe_steps": [(qps, steps.as_json()) for qps, steps in r.probe_steps],
     }
 
 
