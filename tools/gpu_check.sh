@@ -6,7 +6,8 @@
 #   bench  the stage benchmarks of a Mistral-7B-shaped model with random bf16 weights (JSON and
 #          a table each), torch attention and flashinfer, each decode point eager and from a
 #          CUDA graph;
-#   bench-chunks  what the chunked policy's steps cost over long prompts: a 512-token chunk
+#   bench-chunks  what the chunked policy's steps cost over long prompts, after its GPU test
+#          (tests/gpu/test_chunk_attention_cuda.py, seconds): a 512-token chunk
 #          after 3,072 cached tokens of its prompt beside the prompt's first 512 and a decode
 #          batch of 32 over 3,072-token contexts, torch attention (GPU_BENCH_ATTENTION for others),
 #          and one layer's chunk attention with a boolean mask against the causal bias;
@@ -111,6 +112,10 @@ if [[ $parts == *" bench "* ]]; then
   done
 fi
 if [[ $parts == *" bench-chunks "* ]]; then
+  # first, that a later chunk runs on flash attention at all (seconds; the live parts need it)
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_chunk_attention_cuda.py 2>&1 \
+    | tee "$out/chunk-tests.log" | tail -3
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   for attention in ${GPU_BENCH_ATTENTION:-torch}; do
     bench "stage-chunks-$attention" --attention "$attention" --context-tokens 3072 \
       --decode-batches 32 --prefill-chunks 512 --later-chunks 128,512
