@@ -6,6 +6,7 @@ together as one padded batch of matmuls (paged_decode)."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,11 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from stage_worker.attention import cpu_kernel
 from stage_worker.attention.base import AttentionMetadata, write_kv
+
+_BIAS_TAKES_GQA = "enable_gqa" in inspect.signature(CausalBias._dispatch).parameters
+"""Whether this torch's causal bias passes grouped KV heads on to SDPA (newer ones do; the
+oldest torch pyproject.toml allows may not): where it does not, a later chunk's KV heads are
+repeated to the query heads instead."""
 
 
 @dataclass
@@ -77,7 +83,9 @@ def _kernel_step(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int) -
 
 def _context_slots(block_ids: tuple[int, ...], context_len: int, block_size: int) -> np.ndarray:
     """The flat cache slot of each of a sequence's first context_len positions: [context_len]."""
-    blocks = np.asarray(block_ids[: -(-context_len // block_size)], dtype=np.int64)
+    num_blocks = -(-context_len // block_size)
+    assert len(block_ids) >= num_blocks, f"{len(block_ids)} blocks for {context_len} positions"
+    blocks = np.asarray(block_ids[:num_blocks], dtype=np.int64)
     return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[:context_len]
 
 
@@ -119,7 +127,7 @@ class TorchAttention:
 
 
 def _prepare_torch(meta: AttentionMetadata) -> None:
-    """The torch path's per-step state: each prefill chunk's slots and mask, the decodes'
+    """The torch path's per-step state: each prefill chunk's slots and causal bias, the decodes'
     padded block table."""
     device, bs = meta.positions.device, meta.block_size
     prefills: list[_Prefill] = []
@@ -178,8 +186,14 @@ def _attend_torch(
         qi = q[rows].transpose(0, 1)[None]  # [1, Hq, n, D]
         ki = flat_k[p.context_slots].transpose(0, 1)[None]  # [1, Hkv, L, D]
         vi = flat_v[p.context_slots].transpose(0, 1)[None]
-        causal = p.later_chunk is None
-        oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk, is_causal=causal, enable_gqa=True)
+        if p.later_chunk is None:
+            oi = sdpa(qi, ki, vi, is_causal=True, enable_gqa=True)
+        elif _BIAS_TAKES_GQA or ki.shape[1] == qi.shape[1]:
+            oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk, enable_gqa=True)
+        else:
+            group = qi.shape[1] // ki.shape[1]
+            ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
+            oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk)
         out[rows] = oi[0].transpose(0, 1)
     if decodes is not None:
         out[decodes.rows] = decodes.attend(q[decodes.rows], k_cache, v_cache)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stage_worker.attention import SeqSlice
+from stage_worker.attention import SeqSlice, torch_backend
 from stage_worker.attention.base import build_metadata
 from stage_worker.attention.torch_backend import TorchAttention, _context_slots
 
@@ -52,9 +52,14 @@ def scattered(lengths: list[tuple[int, int]]) -> list[SeqSlice]:
         [(0, 5), (17, 6), (40, 1), (3, 1)],  # a hybrid step
     ],
 )
+@pytest.mark.parametrize("bias_takes_gqa", [True, False])  # False: KV heads repeated instead
 def test_the_torch_path_equals_dense_attention(
-    lengths: list[tuple[int, int]], dtype: torch.dtype
+    lengths: list[tuple[int, int]],
+    dtype: torch.dtype,
+    bias_takes_gqa: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(torch_backend, "_BIAS_TAKES_GQA", bias_takes_gqa)
     seqs = scattered(lengths)
     num_tokens = sum(s.num_tokens for s in seqs)
     num_blocks = max(b for s in seqs for b in s.block_ids) + 2
