@@ -1,5 +1,6 @@
 """`--step-log FILE`: one JSON line per micro-batch, for calibrating the simulator on a live
-pipeline (sarathictl.bench.calibrate) and for seeing where one step's time went.
+pipeline (sarathictl.bench.calibrate), for what a live capacity probe's steps cost
+(sarathictl.bench.probe_steps) and for seeing where one step's time went.
 
 A line is written once the micro-batch's result is back and every stage has reported it (the
 heartbeat a worker sends after each step). It holds what the cost model reads of a micro-batch

@@ -12,30 +12,14 @@ tools/gpu_check.sh (part `bench-chunks`); on the CPU it runs too, slower.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from sarathictl.bench.stage_step import time_ms
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 HQ, HKV, D = 32, 8, 128
-
-
-def time_ms(fn: Callable[[], object], device: str, repeats: int = 10) -> float:
-    """Median wall ms of fn over `repeats` runs, after two warm-ups."""
-    times = []
-    for i in range(repeats + 2):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if i >= 2:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         q_pos = torch.arange(cached, length, device=args.device)
         mask = torch.arange(length, device=args.device)[None, :] <= q_pos[:, None]  # [n, L]
         bias = causal_lower_right(n, length)
-        masked = time_ms(partial(sdpa, q, k, v, attn_mask=mask, enable_gqa=True), args.device)
-        biased = time_ms(partial(sdpa, q, k, v, attn_mask=bias, enable_gqa=True), args.device)
+        masked = time_ms(partial(sdpa, q, k, v, attn_mask=mask, enable_gqa=True), args.device, 10)
+        biased = time_ms(partial(sdpa, q, k, v, attn_mask=bias, enable_gqa=True), args.device, 10)
         print(f"| {cached} | {masked:.3f} | {biased:.3f} | {masked / biased:.1f}x |")
 
 

@@ -45,3 +45,15 @@ def test_a_probe_without_steps_says_so() -> None:
     assert (steps.decode_only, steps.with_prompt, steps.slowest) == (None, None, None)
     assert steps.describe() == "no steps logged"
     assert steps.as_json()["slowest"] is None
+
+
+def test_the_turnaround_is_from_a_result_to_the_next_plan_starting() -> None:
+    # micro-batch 1 ends at 10.0 ms; the plan its result let the controller send starts on the
+    # stage at 11.5 ms (reported at 21.5 ms after 10 ms of work): a 1.5 ms turnaround
+    first = line(0, 4, 0, 10.0) | {"sent_s": 0.0, "returned_s": 0.0100}
+    first["stages"][0]["reported_s"] = 0.0100
+    second = line(0, 4, 0, 10.0) | {"sent_s": 0.0105, "returned_s": 0.0215}
+    second["stages"][0]["reported_s"] = 0.0215
+    steps = summarize([first, second])
+    assert steps.turnaround_ms == pytest.approx(1.5)
+    assert steps.describe().endswith("; turnaround 1.50 ms")

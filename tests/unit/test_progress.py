@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -150,7 +151,7 @@ def test_live_capacity_json_prints_one_line_per_probe(
         step_log_path = step_log
 
         def __init__(self, config: object) -> None:
-            pass
+            self.config = config
 
         def __enter__(self) -> NoCluster:
             return self
@@ -163,6 +164,7 @@ def test_live_capacity_json_prints_one_line_per_probe(
         with step_log.open("a") as log:  # one decode-only micro-batch of 10 ms per probe
             stage = {"work_s": 0.01, "reported_s": 0.0}
             line = {"prompt_tokens": 0, "decodes": 3, "prefill_pairs": 0, "sent_s": 0.0}
+            line["opened_at_s"] = time.perf_counter()  # sent during the probe
             log.write(json.dumps(line | {"returned_s": 0.01, "stages": [stage]}) + "\n")
         records = [
             LiveRecord(r.arrival_s, r.arrival_s + 0.1, r.arrival_s + 1, 0.01, 8, 4, [0.05 * qps])

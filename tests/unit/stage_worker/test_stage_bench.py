@@ -52,3 +52,20 @@ def test_later_chunks_alone_are_timed_against_the_prefill_ceiling(
     out = capsys.readouterr().out
     assert "| chunk | 16 |" in out and "| chunk | 64 |" in out
     assert "of the ceiling" in out and "prefill ceiling" in out
+
+
+def test_the_step_cost_fit_counts_a_later_chunk_s_cached_keys() -> None:
+    """Rows made from known coefficients are fitted back to them: a chunk of n tokens after c
+    cached attends n c + n (n + 1) / 2 keys, not the n (n + 1) / 2 of a first chunk."""
+    from sarathictl.bench.stage_step import Row, fit_step_cost
+
+    fixed, per_token, per_key, context = 0.004, 2e-5, 3e-8, 3000
+
+    def ms(tokens: int, keys: float) -> float:
+        return (fixed + per_token * tokens + per_key * keys) * 1e3
+
+    rows = [Row("decode", b, ms(b, b * (context + 1))) for b in (1, 8, 32)]
+    rows += [Row("chunk", n, ms(n, n * context + n * (n + 1) / 2)) for n in (128, 512)]
+    rows += [Row("prefill", 512, ms(512, 512 * 513 / 2))]
+    fit = fit_step_cost(rows, context)
+    assert fit == pytest.approx((fixed, per_token, per_key), rel=1e-6)

@@ -14,6 +14,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sarathictl.bench.probe_steps import ProbeSteps
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ class ProbeResult:
     """1 for the first probe of a search, 2 for the next, ..."""
     wall_s: float = 0.0
     """Wall time the probe took."""
+    steps: ProbeSteps | None = None
+    """What its steps cost, where the prober logged them (a live cluster's step log)."""
 
 
 ProbeCallback = Callable[[ProbeResult], None]

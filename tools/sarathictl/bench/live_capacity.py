@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from controller.executor.simulated import SimRequest
@@ -25,7 +26,7 @@ from sarathictl.bench.metrics import ServingMetrics
 from sarathictl.bench.probe_steps import ProbeSteps, summarize
 from sarathictl.bench.probe_verdict import ProbeBounds
 from sarathictl.bench.progress import probe_line, rate, say
-from sarathictl.bench.step_log_lines import read_step_log
+from sarathictl.bench.step_log_lines import lines_sent_since
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
 
@@ -72,12 +73,11 @@ def measure_policy(
     on_probe: ProbeCallback | None = None,
     on_ready: Callable[[float], None] | None = None,
     search_time_s: float = 0.0,
-    on_steps: Callable[[ProbeSteps], None] | None = None,
 ) -> PolicyCapacity:
     """on_ready(P99 TBT bound in seconds) once the policy's cluster serves and the bound is
-    known; on_probe after each probe, then on_steps with what its steps cost; search_time_s (0:
-    none) ends the search before a probe that would end past that many seconds of it
-    (capacity.py)."""
+    known; on_probe after each probe (with what its steps cost, where the cluster logs them);
+    search_time_s (0: none) ends the search before a probe that would end past that many
+    seconds of it (capacity.py)."""
     config = with_budget(replace(base, policy=policy), budget_tokens)
     best: dict[float, tuple[ServingMetrics, float]] = {}
     probe_steps: list[tuple[float, ProbeSteps]] = []
@@ -89,10 +89,12 @@ def measure_policy(
 
         def passes(qps: float) -> ProbeResult:
             bounds = ProbeBounds(tbt_slo_s)
-            offset = cluster.step_log_path.stat().st_size if config.step_log else 0
+            started, offset = time.perf_counter(), step_log_size(cluster)
             run = asyncio.run(replay(cluster.addr, make_requests(qps), bounds=bounds))
+            steps = None
             if config.step_log:
-                probe_steps.append((qps, summarize(read_step_log(cluster.step_log_path, offset))))
+                steps = summarize(lines_sent_since(cluster.step_log_path, offset, started))
+                probe_steps.append((qps, steps))
             metrics = run.metrics()
             ok = metrics.meets(tbt_slo_s)
             if ok:
@@ -104,20 +106,15 @@ def measure_policy(
                 metrics.scheduling_delay_p50_s,
                 metrics.stopped_early,
                 why_stopped=run.stop_reason,
+                steps=steps,
             )
-
-        def probed(probe: ProbeResult) -> None:
-            if on_probe is not None:
-                on_probe(probe)
-            if on_steps is not None and config.step_log:
-                on_steps(probe_steps[-1][1])
 
         result: CapacityResult = search_capacity(
             passes,
             initial_qps,
             granularity,
             min_qps=initial_qps * MIN_QPS_FRACTION,
-            on_probe=probed,
+            on_probe=on_probe,
             time_limit_s=search_time_s,
         )
         saturated = None
@@ -125,6 +122,11 @@ def measure_policy(
             saturated = asyncio.run(replay(cluster.addr, make_requests(saturation_qps))).metrics()
     at_capacity, share = best.get(result.capacity_qps, (None, None))
     return PolicyCapacity(policy, budget_tokens, result, at_capacity, share, saturated, probe_steps)
+
+
+def step_log_size(cluster: LocalCluster) -> int:
+    """Bytes in the cluster's step log so far (0 where it keeps none)."""
+    return cluster.step_log_path.stat().st_size if cluster.config.step_log else 0
 
 
 SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
@@ -293,10 +295,9 @@ def search_policy_capacity(
         args.initial_qps,
         args.granularity,
         args.saturation_qps,
-        on_probe=lambda probe: say(probe_line(policy, probe, slo.seconds)),
+        on_probe=partial(say_probe, policy, slo.seconds),
         on_ready=ready,
         search_time_s=args.search_time_s,
-        on_steps=lambda steps: say(f"[{policy}]   steps: {steps.describe()}"),
     )
     search = result.search
     unsure = (
@@ -316,6 +317,13 @@ def search_policy_capacity(
             f"{s.throughput_tokens_s:.0f} tokens/s"
         )
     return result
+
+
+def say_probe(policy: str, tbt_slo_s: float, probe: ProbeResult) -> None:
+    """A probe's verdict on stderr, and on the next line what its steps cost."""
+    say(probe_line(policy, probe, tbt_slo_s))
+    if probe.steps is not None:
+        say(f"[{policy}]   steps: {probe.steps.describe()}")
 
 
 def live_report(

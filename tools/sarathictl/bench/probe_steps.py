@@ -63,7 +63,8 @@ class ProbeSteps:
     slowest: SlowestStep | None
     turnaround_ms: float
     """Median time from a micro-batch's end to the start of the plan its result let the
-    controller send (calibrate.turnaround_s): at PP=1 the stage waits that long each step."""
+    controller send (step_log_lines.turnaround_s), over the plans sent within 5 ms of a result
+    (a plan sent later waited for work, not for the controller); 0 where none was."""
 
     def describe(self) -> str:
         """`812 decode-only p50 6.9 / p99 7.4 ms; 94 with prompt tokens p50 45.0 / p99 180.2

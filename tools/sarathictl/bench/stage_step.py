@@ -201,7 +201,8 @@ def load_model(args: argparse.Namespace, dtype: torch.dtype) -> tuple[StageModel
 
 
 def time_points(bench: StageBench, args: argparse.Namespace) -> tuple[list[Row], float]:
-    """Every decode and prefill point, and the copy bandwidth (measured after the first)."""
+    """Every decode, prefill and later-chunk point, and the copy bandwidth (measured after the
+    first)."""
     rows: list[Row] = []
     bandwidth = 0.0
     with_graphs = args.cuda_graphs and args.device.startswith("cuda")

@@ -17,10 +17,22 @@ NEXT_PLAN_WITHIN_S = 0.005
 
 
 def read_step_log(path: Path, offset: int = 0) -> list[dict[str, Any]]:
-    """The step log's lines from byte `offset` on (the calibration's own)."""
+    """The step log's whole lines from byte `offset` on (a line the controller is still
+    writing, without its newline, is left out)."""
     with open(path) as f:
         f.seek(offset)
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+
+
+def lines_sent_since(path: Path, offset: int, since_s: float) -> list[dict[str, Any]]:
+    """The lines from byte `offset` on of micro-batches sent at perf_counter() second `since_s`
+    or later: a run's own, without the late lines of work sent before it (a run stopped early
+    leaves its last micro-batches to finish, and their lines come after it ended)."""
+    return [
+        line
+        for line in read_step_log(path, offset)
+        if line["opened_at_s"] + line["sent_s"] >= since_s
+    ]
 
 
 def turnaround_s(lines: Sequence[dict[str, Any]]) -> float:
