@@ -188,11 +188,12 @@ def _attend_torch(
         vi = flat_v[p.context_slots].transpose(0, 1)[None]
         if p.later_chunk is None:
             oi = sdpa(qi, ki, vi, is_causal=True, enable_gqa=True)
-        elif _BIAS_TAKES_GQA or ki.shape[1] == qi.shape[1]:
+        elif _BIAS_TAKES_GQA:
             oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk, enable_gqa=True)
-        else:
+        else:  # a bias that takes no enable_gqa at all: the KV heads repeated, where grouped
             group = qi.shape[1] // ki.shape[1]
-            ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
+            if group > 1:
+                ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
             oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk)
         out[rows] = oi[0].transpose(0, 1)
     if decodes is not None:

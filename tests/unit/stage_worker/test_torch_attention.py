@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.bias import CausalBias
 
 from stage_worker.attention import SeqSlice, torch_backend
 from stage_worker.attention.base import build_metadata
@@ -60,6 +61,14 @@ def test_the_torch_path_equals_dense_attention(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(torch_backend, "_BIAS_TAKES_GQA", bias_takes_gqa)
+    if not bias_takes_gqa:  # as an older torch: a causal bias whose dispatch takes no enable_gqa
+        dispatch = CausalBias._dispatch
+
+        def without_gqa(*args: object, **kwargs: object) -> torch.Tensor:
+            assert "enable_gqa" not in kwargs
+            return dispatch(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(CausalBias, "_dispatch", staticmethod(without_gqa))
     seqs = scattered(lengths)
     num_tokens = sum(s.num_tokens for s in seqs)
     num_blocks = max(b for s in seqs for b in s.block_ids) + 2
