@@ -1,12 +1,13 @@
 """One layer's attention for a prompt's later chunk: SDPA with the boolean mask the torch path
-used until 2026-11-28 against the lower-right causal bias it uses now, at growing context.
+gives it, against PyTorch's lower-right causal bias, at growing context.
 
     python tools/bench_chunk_attention.py [--device cuda] [--chunk 512] [--contexts 512,...]
 
-Mistral-7B's heads (32 query, 8 KV, 128 wide), bf16, the chunk's keys already gathered. On
-CUDA a mask with grouped KV heads sends SDPA to its math kernel; the bias keeps flash attention.
-Prints ms per layer for each and the ratio; x32 is a whole Mistral-7B step's attention. Run by
-tools/gpu_check.sh (part `bench-chunks`); on the CPU it runs too, slower.
+Mistral-7B's heads (32 query, 8 KV, 128 wide), bf16, the chunk's keys already gathered. Made to
+test a suspicion that the mask sends CUDA SDPA to a slow kernel; on an H200 the two cost the
+same (BENCHMARKS.md, "Part 3 live on an H200"). Prints ms per layer for each and the ratio; x32
+is a whole Mistral-7B step's chunk attention. Run by tools/gpu_check.sh (part `bench-chunks`);
+on the CPU it runs too, slower.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 #          skipped): chunks of 128 and 512 tokens after 3,072 cached tokens of their prompt
 #          beside the prompt's first 512 and a decode
 #          batch of 32 over 3,072-token contexts, torch attention (GPU_BENCH_ATTENTION for others),
-#          and one layer's chunk attention with a boolean mask against the causal bias;
+#          and one layer's chunk attention with the boolean mask against a causal bias;
 #   bench-unfused  the torch one again with --no-fused-ops (torch's own elementwise ops);
 #   bench-no-decode-kernel  the torch one again with --no-decode-kernel (torch's paged_decode
 #          in the graphs, not the Triton kernel);
@@ -113,7 +113,7 @@ if [[ $parts == *" bench "* ]]; then
   done
 fi
 if [[ $parts == *" bench-chunks "* ]]; then
-  # first, that a later chunk runs on flash attention at all (seconds; the live parts need it)
+  # first, that a later chunk's attention is right on this GPU (seconds; the live parts need it)
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_chunk_attention_cuda.py 2>&1 \
     | tee "$out/chunk-tests.log" | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || { status=1; chunk_test_failed=1; }
@@ -121,7 +121,7 @@ if [[ $parts == *" bench-chunks "* ]]; then
     bench "stage-chunks-$attention" --attention "$attention" --context-tokens 3072 \
       --decode-batches 32 --prefill-chunks 512 --later-chunks 128,512
   done
-  # one layer's chunk attention: the boolean mask the torch path used before 2026-11-28
+  # one layer's chunk attention: the torch path's boolean mask against a causal bias
   python3 tools/bench_chunk_attention.py | tee "$out/chunk-attention.md" || status=1
 fi
 if [[ $parts == *" bench-unfused "* ]]; then

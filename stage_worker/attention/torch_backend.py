@@ -6,21 +6,14 @@ together as one padded batch of matmuls (paged_decode)."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from stage_worker.attention import cpu_kernel
 from stage_worker.attention.base import AttentionMetadata, write_kv
-
-_BIAS_TAKES_GQA = "enable_gqa" in inspect.signature(CausalBias._dispatch).parameters
-"""Whether this torch's causal bias passes grouped KV heads on to SDPA (newer ones do; the
-oldest torch pyproject.toml allows may not): where it does not, a later chunk's KV heads are
-repeated to the query heads instead."""
 
 
 @dataclass
@@ -28,12 +21,7 @@ class _Prefill:
     query_start: int
     num_tokens: int
     context_slots: torch.Tensor  # [context_len] flat cache slots
-    later_chunk: CausalBias | None
-    """A chunk after cached positions of its prompt: causal from the bottom right (query i sees
-    keys up to context_len - num_tokens + i). None: the prompt's first chunk, plain causal. Not a
-    boolean mask: on CUDA, SDPA with a mask and grouped KV heads falls back to its math kernel,
-    which materializes every score in float32, while this bias keeps a bf16 chunk on flash
-    attention (BENCHMARKS.md, the fourth GPU session: the chunked policy's capacity on an H200)."""
+    mask: torch.Tensor | None  # [num_tokens, context_len] True = attend; None = plain causal
 
 
 @dataclass
@@ -127,7 +115,7 @@ class TorchAttention:
 
 
 def _prepare_torch(meta: AttentionMetadata) -> None:
-    """The torch path's per-step state: each prefill chunk's slots and causal bias, the decodes'
+    """The torch path's per-step state: each prefill chunk's slots and mask, the decodes'
     padded block table."""
     device, bs = meta.positions.device, meta.block_size
     prefills: list[_Prefill] = []
@@ -141,9 +129,12 @@ def _prepare_torch(meta: AttentionMetadata) -> None:
             decode_lens.append(s.context_len)
             continue
         slots = torch.from_numpy(_context_slots(s.block_ids, s.context_len, bs)).to(device)
-        # query i sits at position first_position + i and sees keys up to it
-        later = causal_lower_right(s.num_tokens, s.context_len) if s.first_position > 0 else None
-        prefills.append(_Prefill(s.query_start, s.num_tokens, slots, later))
+        mask = None
+        if s.first_position > 0:
+            # query i sits at position first_position + i and sees keys up to it
+            q_pos = torch.arange(s.first_position, s.context_len, device=device)
+            mask = torch.arange(s.context_len, device=device)[None, :] <= q_pos[:, None]
+        prefills.append(_Prefill(s.query_start, s.num_tokens, slots, mask))
     meta.extra["torch_prefills"] = prefills
     meta.extra["torch_decodes"] = None
     if not decode_rows:
@@ -186,15 +177,7 @@ def _attend_torch(
         qi = q[rows].transpose(0, 1)[None]  # [1, Hq, n, D]
         ki = flat_k[p.context_slots].transpose(0, 1)[None]  # [1, Hkv, L, D]
         vi = flat_v[p.context_slots].transpose(0, 1)[None]
-        if p.later_chunk is None:
-            oi = sdpa(qi, ki, vi, is_causal=True, enable_gqa=True)
-        elif _BIAS_TAKES_GQA:
-            oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk, enable_gqa=True)
-        else:  # a bias that takes no enable_gqa at all: the KV heads repeated, where grouped
-            group = qi.shape[1] // ki.shape[1]
-            if group > 1:
-                ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
-            oi = sdpa(qi, ki, vi, attn_mask=p.later_chunk)
+        oi = sdpa(qi, ki, vi, attn_mask=p.mask, is_causal=p.mask is None, enable_gqa=True)
         out[rows] = oi[0].transpose(0, 1)
     if decodes is not None:
         out[decodes.rows] = decodes.attend(q[decodes.rows], k_cache, v_cache)

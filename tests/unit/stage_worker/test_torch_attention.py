@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention.bias import CausalBias
 
-from stage_worker.attention import SeqSlice, torch_backend
+from stage_worker.attention import SeqSlice
 from stage_worker.attention.base import build_metadata
 from stage_worker.attention.torch_backend import TorchAttention, _context_slots
 
@@ -53,22 +52,9 @@ def scattered(lengths: list[tuple[int, int]]) -> list[SeqSlice]:
         [(0, 5), (17, 6), (40, 1), (3, 1)],  # a hybrid step
     ],
 )
-@pytest.mark.parametrize("bias_takes_gqa", [True, False])  # False: KV heads repeated instead
 def test_the_torch_path_equals_dense_attention(
-    lengths: list[tuple[int, int]],
-    dtype: torch.dtype,
-    bias_takes_gqa: bool,
-    monkeypatch: pytest.MonkeyPatch,
+    lengths: list[tuple[int, int]], dtype: torch.dtype
 ) -> None:
-    monkeypatch.setattr(torch_backend, "_BIAS_TAKES_GQA", bias_takes_gqa)
-    if not bias_takes_gqa:  # as an older torch: a causal bias whose dispatch takes no enable_gqa
-        dispatch = CausalBias._dispatch
-
-        def without_gqa(*args: object, **kwargs: object) -> torch.Tensor:
-            assert "enable_gqa" not in kwargs
-            return dispatch(*args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(CausalBias, "_dispatch", staticmethod(without_gqa))
     seqs = scattered(lengths)
     num_tokens = sum(s.num_tokens for s in seqs)
     num_blocks = max(b for s in seqs for b in s.block_ids) + 2
