@@ -177,8 +177,8 @@ live() {  # live POLICY PP: the policy's capacity at the strict SLO, live
 for policy in sarathi vllm; do
   if [[ $parts == *" live-$policy "* ]]; then
     if [ -n "${chunk_test_failed:-}" ]; then
-      # the chunked policy's steps would take the path that just failed: the lease is better
-      # spent on the failure (chunk-tests.log) than on a search that measures it again
+      # the chunked policy's steps would attend wrongly on this GPU: a search would measure
+      # nothing worth the lease (chunk-tests.log says what failed)
       echo "gpu_check: live-$policy skipped: the chunk attention test failed"
       continue
     fi
