@@ -25,6 +25,7 @@ kernels = Extension(
         "stage_worker/csrc/chunk_attention_avx2.c",
         "stage_worker/csrc/gemv_bf16.c",
         "stage_worker/csrc/fused_ops.c",
+        "stage_worker/csrc/fused_ops_bf16.c",
         "stage_worker/csrc/fused_ops_f32.c",
         "stage_worker/csrc/sgemm_f32.c",
     ],
@@ -35,8 +36,9 @@ kernels = Extension(
         "stage_worker/csrc/attention_avx2.h",
     ],
     # No -march: the kernels pick their instructions with target pragmas (kernels.h) so the
-    # module itself runs on any x86-64 CPU. OpenMP threads the attention kernel; loaded after
-    # torch, the module shares torch's libgomp (same soname), so there is one thread pool.
+    # module itself runs on any x86-64 CPU. OpenMP threads the attention, matmul and fused
+    # kernels; loaded after torch, the module shares torch's libgomp (same soname), so there is
+    # one thread pool.
     extra_compile_args=["-O3", "-fopenmp", "-std=c11", "-Wall"],
     extra_link_args=["-fopenmp"],
     optional=not REQUIRED,

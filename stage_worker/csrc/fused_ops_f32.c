@@ -1,7 +1,7 @@
 /* The fused elementwise ops (fused_ops.c) for float32 rows, written with AVX2 vectors.
  *
- * fused_ops.c's loops over float buffers serve both dtypes, but for float32 GCC's vectorized
- * code ran them at about 1 ns an element on the AMD EPYC without AVX-512: 100 us for a SiLU of
+ * The loops over float buffers that fused_ops.c once ran for both dtypes, left to GCC's
+ * vectorizer, ran float32 at about 1 ns an element on the AMD EPYC without AVX-512: 100 us for a SiLU of
  * 49 tokens of the demo model, 28 us for an RMSNorm, about 15 ms of a prompt chunk's 150 ms
  * step over the 30 layers (BENCHMARKS "Prompt chunks' attention in tiles, and float32 fused ops
  * as vectors": a layer's chain 1.4x to 1.7x faster). Here each is one pass over its rows, 8 floats

@@ -30,7 +30,7 @@
 #define SARATHI_AVX512_END _Pragma("GCC pop_options")
 #endif
 
-/* Everything between these two is compiled for AVX2 with FMA (fused_ops.c, fused_ops_f32.c,
+/* Everything between these two is compiled for AVX2 with FMA (fused_ops_bf16.c, fused_ops_f32.c,
  * sgemm_f32.c, paged_attention_avx2.c). */
 #if defined(__clang__)
 #define SARATHI_AVX2_BEGIN                                                                     \
@@ -98,14 +98,24 @@ void sgemm_f32_silu_mul(const float *x, int64_t m, int64_t ldx, const void *pack
                         int packed_bf16, int64_t f, int64_t k, float *act, int64_t ld_act,
                         int num_threads);
 
-/* See fused_ops.c. x's rows (and rotary's heads) may be strided; out is compact. */
+/* See fused_ops.c. x's rows (and rotary's heads) may be strided; out is compact. Ops large
+ * enough share their rows out over num_threads (>= 1) threads. */
 void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,
-                    float eps, void *out, int is_bf16);
+                    float eps, void *out, int is_bf16, int num_threads);
 void fused_rotary(const void *x, int64_t tokens, int64_t heads, int64_t head_dim,
                   int64_t ld_token, int64_t ld_head, const void *cos, const void *sin,
-                  void *out, int is_bf16);
+                  void *out, int is_bf16, int num_threads);
 void fused_silu_mul(const void *x, int64_t rows, int64_t ld_x, int64_t width, void *out,
-                    int is_bf16);
+                    int is_bf16, int num_threads);
+
+/* See fused_ops_bf16.c: the same three for bf16 rows, which the functions above hand them. */
+void fused_rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t ld_x, const uint16_t *w,
+                         int64_t hidden, float eps, uint16_t *out);
+void fused_rotary_bf16(const uint16_t *x, int64_t tokens, int64_t heads, int64_t head_dim,
+                       int64_t ld_token, int64_t ld_head, const uint16_t *cos,
+                       const uint16_t *sin, uint16_t *out);
+void fused_silu_mul_bf16(const uint16_t *x, int64_t rows, int64_t ld_x, int64_t width,
+                         uint16_t *out);
 
 /* See fused_ops_f32.c: the same three for float32, which the functions above hand them. */
 void fused_rms_norm_f32(const float *x, int64_t rows, int64_t ld_x, const float *w,

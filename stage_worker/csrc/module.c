@@ -281,8 +281,11 @@ static PyObject *py_fused_rms_norm(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *x_obj, *w_obj, *out_obj;
     float eps;
-    if (!PyArg_ParseTuple(args, "OOOf:fused_rms_norm", &x_obj, &w_obj, &out_obj, &eps))
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOfi:fused_rms_norm", &x_obj, &w_obj, &out_obj, &eps,
+                          &num_threads))
         return NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
     view_t x, w, out;
     int64_t x_strides[2];
     if (strided_view(x_obj, "x", 2, &x, x_strides) || view(w_obj, "weight", 1, 1, &w) ||
@@ -296,10 +299,12 @@ static PyObject *py_fused_rms_norm(PyObject *self, PyObject *args) {
 #if SARATHI_HAVE_X86_KERNELS
     if (rows * hidden >= RELEASE_GIL_FROM) {
         Py_BEGIN_ALLOW_THREADS;
-        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16);
+        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16,
+                       num_threads);
         Py_END_ALLOW_THREADS;
     } else {
-        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16);
+        fused_rms_norm(x.data, rows, x_strides[0], w.data, hidden, eps, out.data, x.is_bf16,
+                       num_threads);
     }
 #endif
     Py_RETURN_NONE;
@@ -308,8 +313,11 @@ static PyObject *py_fused_rms_norm(PyObject *self, PyObject *args) {
 static PyObject *py_fused_rotary(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *x_obj, *cos_obj, *sin_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:fused_rotary", &x_obj, &cos_obj, &sin_obj, &out_obj))
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOi:fused_rotary", &x_obj, &cos_obj, &sin_obj, &out_obj,
+                          &num_threads))
         return NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
     view_t x, cos, sin, out;
     int64_t x_strides[3];
     if (strided_view(x_obj, "x", 3, &x, x_strides) || view(cos_obj, "cos", 2, 1, &cos) ||
@@ -327,8 +335,15 @@ static PyObject *py_fused_rotary(PyObject *self, PyObject *args) {
         if (out.shape[i] != x.shape[i]) return fail("out", "must be x's shape"), NULL;
     if (refuse_fused_on_this_cpu()) return NULL;
 #if SARATHI_HAVE_X86_KERNELS
-    fused_rotary(x.data, tokens, heads, head_dim, x_strides[0], x_strides[1], cos.data, sin.data,
-                 out.data, x.is_bf16);
+    if (tokens * heads * head_dim >= RELEASE_GIL_FROM) {
+        Py_BEGIN_ALLOW_THREADS;
+        fused_rotary(x.data, tokens, heads, head_dim, x_strides[0], x_strides[1], cos.data,
+                     sin.data, out.data, x.is_bf16, num_threads);
+        Py_END_ALLOW_THREADS;
+    } else {
+        fused_rotary(x.data, tokens, heads, head_dim, x_strides[0], x_strides[1], cos.data,
+                     sin.data, out.data, x.is_bf16, num_threads);
+    }
 #endif
     Py_RETURN_NONE;
 }
@@ -336,7 +351,10 @@ static PyObject *py_fused_rotary(PyObject *self, PyObject *args) {
 static PyObject *py_fused_silu_mul(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *x_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OO:fused_silu_mul", &x_obj, &out_obj)) return NULL;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOi:fused_silu_mul", &x_obj, &out_obj, &num_threads))
+        return NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
     view_t x, out;
     int64_t x_strides[2];
     if (strided_view(x_obj, "gate_up", 2, &x, x_strides) || view(out_obj, "out", 2, 1, &out))
@@ -350,10 +368,10 @@ static PyObject *py_fused_silu_mul(PyObject *self, PyObject *args) {
 #if SARATHI_HAVE_X86_KERNELS
     if (rows * width >= RELEASE_GIL_FROM) {
         Py_BEGIN_ALLOW_THREADS;
-        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16);
+        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16, num_threads);
         Py_END_ALLOW_THREADS;
     } else {
-        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16);
+        fused_silu_mul(x.data, rows, x_strides[0], width, out.data, x.is_bf16, num_threads);
     }
 #endif
     Py_RETURN_NONE;
@@ -491,13 +509,16 @@ static PyMethodDef methods[] = {
      "gemv_bf16(x, weight, out): DLPack capsules of x [m, k], weight [n, k] and out [m, n], "
      "all bf16 and contiguous; out = x @ weight.T."},
     {"fused_rms_norm", py_fused_rms_norm, METH_VARARGS,
-     "fused_rms_norm(x, weight, out, eps): x [rows, hidden] (rows may be strided), weight "
-     "[hidden], out [rows, hidden], all bf16 or all float32; out = weight * rms_norm(x)."},
+     "fused_rms_norm(x, weight, out, eps, num_threads): x [rows, hidden] (rows may be "
+     "strided), weight [hidden], out [rows, hidden], all bf16 or all float32; out = weight * "
+     "rms_norm(x). Large ones share their rows over num_threads threads (as do the two below)."},
     {"fused_rotary", py_fused_rotary, METH_VARARGS,
-     "fused_rotary(x, cos, sin, out): x [T, heads, D] (token and head strides free), cos and "
+     "fused_rotary(x, cos, sin, out, num_threads): x [T, heads, D] (token and head strides "
+     "free), cos and "
      "sin [T, D], out [T, heads, D]; out = x rotated, rotate-half form."},
     {"fused_silu_mul", py_fused_silu_mul, METH_VARARGS,
-     "fused_silu_mul(gate_up, out): gate_up [rows, 2F] (rows may be strided), out [rows, F]; "
+     "fused_silu_mul(gate_up, out, num_threads): gate_up [rows, 2F] (rows may be strided), "
+     "out [rows, F]; "
      "out = silu(gate) * up."},
     {"sgemm_f32_pack", py_sgemm_f32_pack, METH_VARARGS,
      "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] (float32) and packed "

@@ -3,7 +3,8 @@ functions as triton_ops.py so that layers call either through fused.kernels_for.
 
 Why: at decode sizes torch's CPU ops cost their dispatch, not their arithmetic; a Llama layer's
 norms, rotary and SiLU-times-up are about a dozen of them. Each function here is one call into
-the C module, which checks every tensor (dtype, shape, strides) before it reads one.
+the C module, which checks every tensor (dtype, shape, strides) before it reads one, and shares
+a prompt chunk's rows out over torch's threads.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def _module():  # type: ignore[no-untyped-def]
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, H] (rows may be strided), weight: [H] -> weight * rms_norm(x) [T, H]."""
     out = torch.empty(x.shape, dtype=x.dtype)
-    _module().fused_rms_norm(native.capsule(x), native.capsule(weight), native.capsule(out), eps)
+    _module().fused_rms_norm(
+        native.capsule(x), native.capsule(weight), native.capsule(out), eps, torch.get_num_threads()
+    )
     return out
 
 
@@ -35,6 +38,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         native.capsule(cos.flatten(1)),  # [T, D]: the module checks it against x
         native.capsule(sin.flatten(1)),
         native.capsule(out),
+        torch.get_num_threads(),
     )
     return out
 
@@ -42,5 +46,5 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: [T, 2F] (rows may be strided) -> silu(gate) * up [T, F]."""
     out = torch.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=gate_up.dtype)
-    _module().fused_silu_mul(native.capsule(gate_up), native.capsule(out))
+    _module().fused_silu_mul(native.capsule(gate_up), native.capsule(out), torch.get_num_threads())
     return out

@@ -184,11 +184,11 @@ class CpuLayerLoop:
         for w, (k_by_slot, v_by_slot, c_k_cache, c_v_cache) in zip(
             self.layers, caches.layers, strict=True
         ):
-            kernels.fused_rms_norm(b.c_x, w.input_norm, b.c_normed, w.eps)
+            kernels.fused_rms_norm(b.c_x, w.input_norm, b.c_normed, w.eps, threads)
             t0 = clock()
             kernels.sgemm_f32(b.c_normed, w.qkv, b.c_qkv, threads)
             t1 = clock()
-            kernels.fused_rotary(b.c_qk_in, b.c_cos, b.c_sin, b.c_qk)
+            kernels.fused_rotary(b.c_qk_in, b.c_cos, b.c_sin, b.c_qk, threads)
             t2 = clock()
             k_by_slot.index_copy_(0, slots, b.k)
             v_by_slot.index_copy_(0, slots, b.v)
@@ -200,7 +200,7 @@ class CpuLayerLoop:
             t3 = clock()
             kernels.sgemm_f32(b.c_attended_rows, w.o_proj, b.c_x, threads, True)  # x += o_proj
             t4 = clock()
-            kernels.fused_rms_norm(b.c_x, w.post_norm, b.c_normed, w.eps)
+            kernels.fused_rms_norm(b.c_x, w.post_norm, b.c_normed, w.eps, threads)
             t5 = clock()
             if self.silu_in_matmul:  # SiLU on the products in L1, on every thread
                 kernels.sgemm_f32_silu_mul(b.c_normed, w.gate_up, b.c_act, threads)
@@ -208,7 +208,7 @@ class CpuLayerLoop:
             else:
                 kernels.sgemm_f32(b.c_normed, w.gate_up, b.c_gate_up, threads)
                 t6 = clock()
-                kernels.fused_silu_mul(b.c_gate_up, b.c_act)
+                kernels.fused_silu_mul(b.c_gate_up, b.c_act, threads)
                 t7 = clock()
             kernels.sgemm_f32(b.c_act, w.down, b.c_x, threads, True)  # x += down
             t8 = clock()

@@ -36,7 +36,9 @@ def torch_ops(fn, *args):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("tokens", "heads", "head_dim"), [(1, 12, 64), (7, 10, 80), (130, 9, 128)])
+@pytest.mark.parametrize(
+    ("tokens", "heads", "head_dim"), [(1, 12, 64), (7, 10, 80), (130, 9, 128), (5, 3, 36)]
+)  # 36: half a head is 18, two vectors of 8 and two values after
 def test_rotary_equals_torch_bit_for_bit(
     dtype: torch.dtype, tokens: int, heads: int, head_dim: int
 ) -> None:
@@ -75,6 +77,52 @@ def test_silu_mul_within_two_rounding_steps_of_torch(
     out, expected = silu_mul(gate_up), torch_ops(silu_mul, gate_up)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out, expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompt_chunks_ops_on_several_threads_equal_one_thread_bit_for_bit(
+    dtype: torch.dtype,
+) -> None:
+    """A 512-token chunk's ops share their rows out over the threads (fused_ops.c); every row is
+    computed alone, so the thread count must not move a bit."""
+    tokens, hidden, width, heads, head_dim = 512, 576, 1536, 9, 64
+    x = (rand(tokens, hidden + 64, dtype=dtype, seed=1) * 3)[:, :hidden]  # strided rows
+    weight = rand(hidden, dtype=dtype, seed=2)
+    gate_up = (rand(tokens, 2 * width + 8, dtype=dtype, seed=3) * 6)[:, : 2 * width]
+    q = rand(tokens, heads + 3, head_dim, dtype=dtype, seed=4)[:, :heads]
+    cos, sin = RotaryEmbedding(head_dim, 10000.0, None, "cpu").cos_sin(torch.arange(tokens), dtype)
+
+    def run() -> list[torch.Tensor]:
+        return [
+            cpu_fused.rms_norm(x, weight, 1e-5),
+            cpu_fused.silu_mul(gate_up),
+            cpu_fused.rotary(q, cos, sin),
+        ]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = run()
+        torch.set_num_threads(3)
+        shared = run()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(alone, shared, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_nan_stays_a_nan(dtype: torch.dtype) -> None:
+    """bf16 rounding (fused_ops_bf16.c) keeps a NaN a NaN, as torch's conversion does, and it
+    spreads no further than the reference's would: SiLU's one value, RMSNorm's one row."""
+    gate_up = torch.ones(1, 32, dtype=dtype)
+    gate_up[0, 0] = float("nan")
+    out = cpu_fused.silu_mul(gate_up)  # [1, 16]
+    assert out[0, 0].isnan() and not out[0, 1:].isnan().any()
+    x = torch.ones(2, 16, dtype=dtype)
+    x[1, 5] = float("nan")
+    normed = cpu_fused.rms_norm(x, torch.ones(16, dtype=dtype), 1e-6)
+    assert normed[1].isnan().all() and not normed[0].isnan().any()
 
 
 def test_the_module_names_a_bad_argument() -> None:

@@ -64,7 +64,7 @@ def test_silu_in_the_gate_up_matmul_equals_the_matmul_then_silu(
     x = cap(rand(tokens, in_ + 3, seed=tokens)[:, :in_])  # [T, in], strided rows
     gate_up, expected = torch.empty(tokens, 2 * ffn), torch.empty(tokens, ffn)
     kernels().sgemm_f32(x, cap(packed), cap(gate_up), threads)
-    kernels().fused_silu_mul(cap(gate_up), cap(expected))
+    kernels().fused_silu_mul(cap(gate_up), cap(expected), 1)
     got = torch.full((tokens, ffn), float("nan"))
     kernels().sgemm_f32_silu_mul(x, cap(packed), cap(got), threads)
     assert torch.equal(got, expected)  # the same products, the same SiLU: to the bit
