@@ -8,7 +8,9 @@ and 7 in small. Against two ceilings measured in the same run:
   memory bandwidth; the bandwidth is measured with a large tensor copy;
 - the prefill ceiling: a prompt token costs 2 FLOPs per linear weight, so tokens/s cannot beat
   the rate of a large matrix product in the model's dtype / those FLOPs.
-On CUDA each decode point is timed eagerly and replayed from a CUDA graph (cuda_graphs.py).
+On CUDA each decode point is timed eagerly and replayed from a CUDA graph (cuda_graphs.py); on
+the CPU each point's step is also split into linear layers, attention and the rest, as a
+worker's step log splits it.
 `--random-shape` draws random weights of a known shape on the device (no download); with
 `--model` as well it writes them there as a checkpoint first, and loads that.
 """
@@ -33,15 +35,17 @@ from controller.simulator.step_cost_fit import nonnegative_fit
 from sarathictl.bench.random_model import shape_config, write_random_llama
 from sarathictl.bench.stage_step_cmd import DECODE_BATCHES, PREFILL_CHUNKS
 from stage_worker.attention import SeqSlice, cpu_kernel, make_backend
-from stage_worker.attention.base import build_metadata
+from stage_worker.attention.base import AttentionBackend, build_metadata
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ModelSpec, ShardSpec, load_spec, spec_from_config
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.kv_cache import KVCache
 from stage_worker.layers import ShardedLinear, cpu_matmul, fused, gemv
+from stage_worker.layers.linear import CLOCK as LINEAR_CLOCK
 from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
 from stage_worker.models.llama import LlamaStage
+from stage_worker.step_timer import TimedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +124,12 @@ class Row:
     """Eager step time."""
     graph_ms: float | None = None
     """The same decode step replayed from a CUDA graph (None: not measured)."""
+    linear_ms: float | None = None
+    """On the CPU: the linear layers' share of a step (median of timed runs apart from step_ms's,
+    as the worker's step log splits it: layers/linear.py's clock); None on CUDA, where the host
+    clocks time launches, not kernels."""
+    attention_ms: float | None = None
+    """On the CPU: attention's share (KV write and kernel, step_timer.TimedAttention), likewise."""
 
 
 class StageBench:
@@ -147,7 +157,10 @@ class StageBench:
         )  # fmt: skip
         self.blocks_per_seq = blocks_per_seq
         self.attention_name = attention
-        self.attention = make_backend(attention, model.device)
+        backend = make_backend(attention, model.device)
+        self.timed_attention = TimedAttention(backend) if model.device == "cpu" else None
+        """The CPU's backend, timed as a worker times it (split_ms); None on CUDA."""
+        self.attention: AttentionBackend = self.timed_attention or backend
         self.use_graphs = False
         """Replay decode steps from CUDA graphs (captured on first use)."""
         self._graphs: DecodeGraphs | None = None
@@ -181,6 +194,24 @@ class StageBench:
         """A chunk at positions context_tokens.. of its prompt, attending to all before it."""
         length = self.context_tokens + chunk
         return [SeqSlice(0, chunk, length, tuple(range(-(-length // BLOCK_SIZE))))]
+
+
+def split_ms(bench: StageBench, step: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """CPU: the median linear and attention ms of `repeats` runs of step (runs of their own:
+    step_ms is timed with the clocks off)."""
+    timed = bench.timed_attention
+    assert timed is not None, "split_ms times a CPU stage"
+    linear, attention = [], []
+    LINEAR_CLOCK.on = True
+    try:
+        for _ in range(repeats):
+            linear_s, attention_s = LINEAR_CLOCK.seconds, timed.seconds
+            step()
+            linear.append(LINEAR_CLOCK.seconds - linear_s)
+            attention.append(timed.seconds - attention_s)
+    finally:
+        LINEAR_CLOCK.on = False
+    return statistics.median(linear) * 1e3, statistics.median(attention) * 1e3
 
 
 def load_model(args: argparse.Namespace, dtype: torch.dtype) -> tuple[StageModel, str]:
@@ -219,7 +250,10 @@ def time_points(bench: StageBench, args: argparse.Namespace) -> tuple[list[Row],
                 bench.use_graphs = True
                 graph_ms = time_ms(step, args.device, args.repeats)
                 bench.use_graphs = False
-            rows.append(Row(kind, n, ms, graph_ms))
+            linear_ms = attention_ms = None
+            if bench.timed_attention is not None:
+                linear_ms, attention_ms = split_ms(bench, step, args.repeats)
+            rows.append(Row(kind, n, ms, graph_ms, linear_ms, attention_ms))
             if len(rows) == 1:
                 # The copy right after the first point, with the same thread count: on a shared
                 # machine the floor and the step it is compared with then see the same load.
@@ -348,18 +382,26 @@ def print_report(r: Report) -> None:
         f"{', linear layers on the AVX2 matmul kernel' if r.cpu_matmul_kernel else ''}"
         f"{', layers as one loop over the C kernels' if r.cpu_layer_loop else ''}\n"
     )
-    print("| step | tokens | step ms | CUDA graph ms | tokens/s | against the limit |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| step | tokens | step ms | CUDA graph ms | linear / attention / rest ms | tokens/s "
+        "| against the limit |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in r.rows:
         best_ms = min(row.step_ms, row.graph_ms or row.step_ms)
         graph = "-" if row.graph_ms is None else f"{row.graph_ms:.2f}"
+        split = "-"
+        if row.linear_ms is not None and row.attention_ms is not None:
+            rest_ms = row.step_ms - row.linear_ms - row.attention_ms
+            split = f"{row.linear_ms:.1f} / {row.attention_ms:.1f} / {rest_ms:.1f}"
         tokens_s = row.tokens / (best_ms / 1e3)
         if row.kind == "decode":
             limit = f"{best_ms / r.decode_floor_ms:.2f}x the floor"
         else:
             assert r.prefill_ceiling_tokens_s is not None
             limit = f"{tokens_s / r.prefill_ceiling_tokens_s:.0%} of the ceiling"
-        cells = [row.kind, str(row.tokens), f"{row.step_ms:.2f}", graph, f"{tokens_s:,.0f}", limit]
+        cells = [row.kind, str(row.tokens), f"{row.step_ms:.2f}", graph, split]
+        cells += [f"{tokens_s:,.0f}", limit]
         print("| " + " | ".join(cells) + " |")
     print(
         f"\ncopy bandwidth {r.copy_bandwidth_gb_s:.1f} GB/s; decode floor "
