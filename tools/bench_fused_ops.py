@@ -1,7 +1,7 @@
 """One Llama layer's elementwise work (two RMSNorms, rotary on q and k, SiLU-times-up) as
 torch's own ops against the fused kernels (layers/fused.py), on this machine's CPU or GPU.
 
-    python tools/bench_fused_ops.py [--device cpu] [--dtype float32] [--tokens 1,4,64]
+    python tools/bench_fused_ops.py [--device cpu] [--dtype float32] [--tokens 1,4,64] [--threads 1]
 
 Shapes are the demo model's (SmolLM2-135M: hidden 576, 9 + 3 heads of 64, MLP 1536) unless
 given. Prints the median microseconds of the whole chain per layer, alternating the two paths
@@ -63,11 +63,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ffn", type=int, default=1536)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=300)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (the fused ops share a step over them)",
+    )
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     probe = torch.zeros(1, device=args.device, dtype=dtype)
-    print(f"{args.device}, {args.dtype}, fused kernels: {fused.kernels_for(probe) is not None}")
+    print(
+        f"{args.device}, {args.dtype}, {args.threads} thread(s), fused kernels: "
+        f"{fused.kernels_for(probe) is not None}"
+    )
     print("| tokens | torch ops µs | fused µs | speed-up |")
     print("| ---: | ---: | ---: | ---: |")
     for tokens in (int(t) for t in args.tokens.split(",")):

@@ -5,7 +5,7 @@
  * This file picks the dtype's vectors (fused_ops_bf16.c, fused_ops_f32.c) and shares the rows
  * out over the threads. A prompt chunk's ops are large enough to be worth it: on one thread
  * they left the other core idle for about a tenth of a 512-token step of the demo model in bf16
- * (BENCHMARKS "bf16 fused ops as vectors, on every thread"); a decode step's are not, and
+ * (BENCHMARKS "bf16 fused ops on every thread"); a decode step's are not, and
  * stay on the calling thread. Every row is computed alone, so the result does not depend on
  * the thread count.
  */
@@ -46,53 +46,85 @@ static inline void *at_out(void *p, int64_t elements, int is_bf16) {
     return (char *)p + elements * (is_bf16 ? 2 : 4);
 }
 
+/* Each op: its rows [first, end) (one thread's share), then the op over every row, on the
+ * calling thread where threads_for says 1 (no parallel region to enter: a decode step's ops
+ * are microseconds) or over the threads. */
+
+static void rms_norm_rows(const void *x, int64_t ld_x, const void *w, int64_t hidden, float eps,
+                          void *out, int is_bf16, int64_t first, int64_t end) {
+    const void *in = at(x, first * ld_x, is_bf16);
+    void *dst = at_out(out, first * hidden, is_bf16);
+    if (is_bf16)
+        fused_rms_norm_bf16(in, end - first, ld_x, w, hidden, eps, dst);
+    else
+        fused_rms_norm_f32(in, end - first, ld_x, w, hidden, eps, dst);
+}
+
 void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,
                     float eps, void *out, int is_bf16, int num_threads) {
     const int threads = threads_for(rows, rows * hidden, num_threads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
+    if (threads == 1) {
+        rms_norm_rows(x, ld_x, w, hidden, eps, out, is_bf16, 0, rows);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(rows, &first, &end);
-        const void *in = at(x, first * ld_x, is_bf16);
-        void *dst = at_out(out, first * hidden, is_bf16);
-        if (is_bf16)
-            fused_rms_norm_bf16(in, end - first, ld_x, w, hidden, eps, dst);
-        else
-            fused_rms_norm_f32(in, end - first, ld_x, w, hidden, eps, dst);
+        rms_norm_rows(x, ld_x, w, hidden, eps, out, is_bf16, first, end);
     }
+}
+
+static void rotary_rows(const void *x, int64_t heads, int64_t head_dim, int64_t ld_token,
+                        int64_t ld_head, const void *cos, const void *sin, void *out, int is_bf16,
+                        int64_t first, int64_t end) {
+    const void *in = at(x, first * ld_token, is_bf16);
+    const void *c = at(cos, first * head_dim, is_bf16), *s = at(sin, first * head_dim, is_bf16);
+    void *dst = at_out(out, first * heads * head_dim, is_bf16);
+    if (is_bf16)
+        fused_rotary_bf16(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
+    else
+        fused_rotary_f32(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
 }
 
 void fused_rotary(const void *x, int64_t tokens, int64_t heads, int64_t head_dim,
                   int64_t ld_token, int64_t ld_head, const void *cos, const void *sin,
                   void *out, int is_bf16, int num_threads) {
     const int threads = threads_for(tokens, tokens * heads * head_dim, num_threads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
+    if (threads == 1) {
+        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, is_bf16, 0, tokens);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(tokens, &first, &end);
-        const void *in = at(x, first * ld_token, is_bf16);
-        const void *c = at(cos, first * head_dim, is_bf16), *s = at(sin, first * head_dim, is_bf16);
-        void *dst = at_out(out, first * heads * head_dim, is_bf16);
-        if (is_bf16)
-            fused_rotary_bf16(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
-        else
-            fused_rotary_f32(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
+        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, is_bf16, first, end);
     }
+}
+
+static void silu_mul_rows(const void *x, int64_t ld_x, int64_t width, void *out, int is_bf16,
+                          int64_t first, int64_t end) {
+    const void *in = at(x, first * ld_x, is_bf16);
+    void *dst = at_out(out, first * width, is_bf16);
+    if (is_bf16)
+        fused_silu_mul_bf16(in, end - first, ld_x, width, dst);
+    else
+        fused_silu_mul_f32(in, end - first, ld_x, width, dst);
 }
 
 void fused_silu_mul(const void *x, int64_t rows, int64_t ld_x, int64_t width, void *out,
                     int is_bf16, int num_threads) {
     const int threads = threads_for(rows, rows * width, num_threads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
+    if (threads == 1) {
+        silu_mul_rows(x, ld_x, width, out, is_bf16, 0, rows);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(rows, &first, &end);
-        const void *in = at(x, first * ld_x, is_bf16);
-        void *dst = at_out(out, first * width, is_bf16);
-        if (is_bf16)
-            fused_silu_mul_bf16(in, end - first, ld_x, width, dst);
-        else
-            fused_silu_mul_f32(in, end - first, ld_x, width, dst);
+        silu_mul_rows(x, ld_x, width, out, is_bf16, first, end);
     }
 }
 

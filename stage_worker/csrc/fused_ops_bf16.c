@@ -7,10 +7,12 @@
  * test_cpu_fused_ops.py). Multiplies and adds are separate instructions where the reference
  * rounds between them.
  *
- * Why vectors: the loops over float buffers these replace, left to GCC's vectorizer, took 0.66
- * ms for a SiLU of 512 tokens of the demo model (torch's two ops: 0.25) and 0.14 ms for an
- * RMSNorm (float32's vectors: 0.04): about 35 ms of a 512-token prompt's 227 ms step over the
- * 30 layers on the AVX512-BF16 EPYC (BENCHMARKS "bf16 fused ops as vectors, on every thread").
+ * Per thread these run at the speed of the loops over float buffers they replace (a 512-token
+ * layer chain of the demo model 1.16 ms against 1.14 on one thread, tools/bench_fused_ops.py):
+ * the rounding's integer work costs more than the arithmetic either way. They are written out
+ * so that each dtype has one plain pass per op, like fused_ops_f32.c; what made a bf16 prompt
+ * step faster is fused_ops.c sharing the rows over the threads (BENCHMARKS "bf16 fused ops on
+ * every thread"). AVX-512's one-instruction rounding (vcvtneps2bf16) is the next step.
  */
 #include <math.h>
 #include <stdint.h>
