@@ -3,11 +3,11 @@
  * their arithmetic at decode sizes (about 3 ms a decode step of the demo model, BENCHMARKS.md).
  *
  * This file picks the dtype's vectors (fused_ops_bf16.c, fused_ops_f32.c) and shares the rows
- * out over the threads. A prompt chunk's ops are large enough to be worth it: on one thread
- * they left the other core idle for about a tenth of a 512-token step of the demo model in bf16
- * (BENCHMARKS "bf16 fused ops on every thread"); a decode step's are not, and
- * stay on the calling thread. Every row is computed alone, so the result does not depend on
- * the thread count.
+ * out over the threads where an op has enough elements (PARALLEL_FROM_ELEMENTS): a prompt
+ * chunk's have, and on one thread they took about 35 ms of a 512-token step of the demo model in
+ * bf16 while the other core waited (BENCHMARKS "bf16 fused ops on every thread"); those of a few
+ * decodes have not, and stay on the calling thread. Every row is computed alone, so the result
+ * does not depend on the thread count.
  */
 #include <stdint.h>
 

@@ -3,12 +3,12 @@
  * Each computes in float32 and rounds to bf16 where the torch path rounds (layers/norm.py,
  * layers/rotary.py, models/llama.py): to nearest, ties to even, NaN kept a NaN. Rotary then
  * equals torch bit for bit; RMSNorm sums its squares in another order and SiLU's exp is a
- * polynomial, so those stay within a rounding step or two (tests/unit/stage_worker/
- * test_cpu_fused_ops.py). Multiplies and adds are separate instructions where the reference
- * rounds between them.
+ * polynomial (expf for a row's last width % 8 values), so those stay within a rounding step or
+ * two (tests/unit/stage_worker/test_cpu_fused_ops.py). Multiplies and adds are separate
+ * instructions where the reference rounds between them.
  *
  * Per thread these run at the speed of the loops over float buffers they replace (a 512-token
- * layer chain of the demo model 1.16 ms against 1.14 on one thread, tools/bench_fused_ops.py):
+ * layer chain of the demo model 1.15 ms against 1.14 on one thread, tools/bench_fused_ops.py):
  * the rounding's integer work costs more than the arithmetic either way. They are written out
  * so that each dtype has one plain pass per op, like fused_ops_f32.c; what made a bf16 prompt
  * step faster is fused_ops.c sharing the rows over the threads (BENCHMARKS "bf16 fused ops on

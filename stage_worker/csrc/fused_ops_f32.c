@@ -1,15 +1,15 @@
 /* The fused elementwise ops (fused_ops.c) for float32 rows, written with AVX2 vectors.
  *
  * The loops over float buffers that fused_ops.c once ran for both dtypes, left to GCC's
- * vectorizer, ran float32 at about 1 ns an element on the AMD EPYC without AVX-512: 100 us for a SiLU of
- * 49 tokens of the demo model, 28 us for an RMSNorm, about 15 ms of a prompt chunk's 150 ms
- * step over the 30 layers (BENCHMARKS "Prompt chunks' attention in tiles, and float32 fused ops
- * as vectors": a layer's chain 1.4x to 1.7x faster). Here each is one pass over its rows, 8 floats
- * a vector, with the same products, sums and quotients as the reference (layers/norm.py,
- * layers/rotary.py, models/llama.py): rotary equals torch bit for bit; RMSNorm sums its
- * squares in another order and SiLU's exp is a polynomial, so those stay within a rounding step
- * or two (tests/unit/stage_worker/test_cpu_fused_ops.py). Multiplies and adds are separate
- * instructions where the reference rounds between them.
+ * vectorizer, ran float32 at about 1 ns an element on the AMD EPYC without AVX-512: 100 us for
+ * a SiLU of 49 tokens of the demo model, 28 us for an RMSNorm, about 15 ms of a prompt chunk's
+ * 150 ms step over the 30 layers (BENCHMARKS "Prompt chunks' attention in tiles, and float32
+ * fused ops as vectors": a layer's chain 1.4x to 1.7x faster). Here each is one pass over its
+ * rows, 8 floats a vector, with the same products, sums and quotients as the reference
+ * (layers/norm.py, layers/rotary.py, models/llama.py): rotary equals torch bit for bit; RMSNorm
+ * sums its squares in another order and SiLU's exp is a polynomial, so those stay within a
+ * rounding step or two (tests/unit/stage_worker/test_cpu_fused_ops.py). Multiplies and adds are
+ * separate instructions where the reference rounds between them.
  */
 #include <math.h>
 #include <stdint.h>

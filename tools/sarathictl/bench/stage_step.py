@@ -198,7 +198,8 @@ class StageBench:
 
 def split_ms(bench: StageBench, step: Callable[[], object], repeats: int) -> tuple[float, float]:
     """CPU: the median linear and attention ms of `repeats` runs of step (runs of their own:
-    step_ms is timed with the clocks off)."""
+    step_ms is timed with the linear layers' clock off; the attention's, two clock readings a
+    layer, always runs on the CPU)."""
     timed = bench.timed_attention
     assert timed is not None, "split_ms times a CPU stage"
     linear, attention = [], []
