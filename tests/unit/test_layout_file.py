@@ -6,6 +6,7 @@ state the file is in."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -343,6 +344,8 @@ def test_each_layout_is_measured_once_a_round_with_that_round_s_prompts(
         0.7,
     ]  # medians of (.5 .6 .9), (.7 .8 .7)
     assert [f.lone_tpot_ms for f in figures] == [20.0, 40.0]
+    # what the budget's fit needs: the lone prompt's length and the budget it went in
+    assert [(f.prompt_tokens, f.idle_budget_tokens) for f in figures] == [(24, 512), (24, 0)]
 
 
 def test_a_layout_that_fails_is_left_out_and_the_others_measured(
@@ -383,3 +386,65 @@ def test_a_layout_that_fails_is_left_out_and_the_others_measured(
     monkeypatch.setattr(tune_layout, "measure_once", never_serves)
     with pytest.raises(RuntimeError, match="every layout failed: PP=1 float32: not serving"):
         tune_layout.measure_all(candidates, str(model_dir), ProbeWorkload(2, 24, 4), args)
+
+
+# Session 26's medians on the Zen 5 EPYC at PP=1 (a 256-token lone prompt in one step, then its
+# decodes): budget_fit puts bf16's budget at 128 and float32's at 32 (test_budget_fit.py).
+ZEN5_BF16 = (121.3, 14.6)
+ZEN5_FLOAT32 = (268.6, 11.6)
+
+
+def pp1(ttft_tpot: tuple[float, float], dtype: str, prompt_tokens: int = 256) -> LayoutFigures:
+    ttft_ms, tpot_ms = ttft_tpot
+    return LayoutFigures(1, dtype, 2, 64, 3.0, ttft_ms, tpot_ms, prompt_tokens, 512)
+
+
+def pp2(dtype: str, requests_per_s: float) -> LayoutFigures:
+    return LayoutFigures(2, dtype, 1, 128, requests_per_s, 169.0, 18.4, 256, 0)
+
+
+def test_up_runs_pp1_at_the_budget_fitted_to_the_measured_steps_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    path = tmp_path / "layouts.json"
+    both = (pp1(ZEN5_BF16, "bfloat16"), pp2("bfloat16", 2.7), pp1(ZEN5_FLOAT32, "float32"))
+    workload = "4 rounds of a lone request and a burst of 8 requests of 256 + 64 tokens"
+    won_pp1 = MeasuredLayout(1, "bfloat16", "2026-11-28", workload, both)
+    write_measured(path, machine_key(str(model_dir), "auto"), won_pp1)
+    args = up_args(model_dir, path)
+    config = up.cluster_config(args, port=0)
+    assert (config.pp, config.dtype, config.budget_tokens) == (1, "bfloat16", 128)
+    assert config.idle_budget_tokens == layout_choice.IDLE_BUDGET_TOKENS
+    said = up.describe_layout(config, args)
+    assert "budget 128: fitted to the steps `sarathictl tune-layout` measured here" in said
+    assert "within 5x a lone decode step" in said
+    # float32 named: its own PP=1 figures set its budget
+    named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
+    assert (named.pp, named.budget_tokens) == (1, 32)
+    # --budget still wins, and up then says nothing about the fit
+    chosen_args = up_args(model_dir, path, "--budget", "96")
+    chosen = up.cluster_config(chosen_args, port=0)
+    assert chosen.budget_tokens == 96
+    assert "fitted" not in up.describe_layout(chosen, chosen_args)
+    # the pipeline wins: --pp 1 given still runs the fitted budget; the pipeline keeps its own
+    won_pp2 = dataclasses.replace(won_pp1, pp=2, figures=(both[0], pp2("bfloat16", 3.5)))
+    write_measured(path, machine_key(str(model_dir), "auto"), won_pp2)
+    assert up.cluster_config(args, port=0).budget_tokens == layout_choice.PP2_LAYOUT.budget_tokens
+    given = up.cluster_config(up_args(model_dir, path, "--pp", "1"), port=0)
+    assert (given.pp, given.budget_tokens) == (1, 128)
+
+
+def test_a_measurement_from_before_the_fit_keeps_the_constant_budget_and_says_how_to_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    path = tmp_path / "layouts.json"
+    old = (pp1(ZEN5_BF16, "bfloat16", prompt_tokens=0), pp2("bfloat16", 2.7))
+    measured = MeasuredLayout(1, "bfloat16", "2026-11-28", "an older run", old)
+    write_measured(path, machine_key(str(model_dir), "auto"), measured)
+    args = up_args(model_dir, path)
+    config = up.cluster_config(args, port=0)
+    assert (config.pp, config.budget_tokens) == (1, layout_choice.PP1_LAYOUT.budget_tokens)
+    said = up.describe_layout(config, args)
+    assert "`sarathictl tune-layout` again fits it to this machine" in said

@@ -11,7 +11,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sarathictl.layout_file import LayoutFileError, MeasuredLayout, machine_key, read_measured
+from sarathictl.budget_fit import STRICT_TBT_MULTIPLE, fitted_budget
+from sarathictl.layout_file import (
+    LayoutFigures,
+    LayoutFileError,
+    MeasuredLayout,
+    machine_key,
+    read_measured,
+)
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS
 
 
@@ -116,6 +123,42 @@ class LayoutChoice:
     dtype: str
     """The dtype, measured at the depth that runs, else default_dtype's (for --dtype auto)."""
     why_dtype: str
+    fitted: AutoLayout | None = None
+    """The depth that runs with its budget fitted to the steps tune-layout measured (PP=1,
+    fitted_layout); None where nothing was measured for it."""
+
+    def budgets_at(self, pp: int, device: str) -> AutoLayout | None:
+        """The layout whose budgets go with depth `pp`: the one fitted to this machine; up's
+        own pick at its depth; on a CPU, the named layout of another depth; else None (the
+        local default budget)."""
+        if self.fitted is not None and self.fitted.pp == pp:
+            return self.fitted
+        if pp == self.auto.pp:
+            return self.auto
+        return LAYOUTS.get(pp) if device == "cpu" else None
+
+
+def fitted_layout(figures: LayoutFigures) -> AutoLayout:
+    """The named layout of `figures`' depth, at PP=1 with its budget fitted to the steps those
+    figures measured (budget_fit.py). A pipeline keeps its budget: a lone request's TTFT there
+    overlaps its chunks across the stages, which the fit's line does not model."""
+    layout = LAYOUTS[figures.pp]
+    if figures.pp != 1:
+        return layout
+    fit = figures.step_fit()
+    if fit is None:
+        why = f"{layout.why_budget}; `sarathictl tune-layout` again fits it to this machine"
+        return dataclasses.replace(layout, why_budget=why)
+    budget = fitted_budget(fit)
+    limit_ms = STRICT_TBT_MULTIPLE * fit.step_ms(1)
+    why = (
+        f"budget {budget}: fitted to the steps `sarathictl tune-layout` measured here (about "
+        f"{fit.fixed_ms:.1f} ms a step and {fit.per_token_ms:.3f} ms a token): the largest "
+        f"whose step, about {fit.step_ms(budget):.0f} ms, stays within {STRICT_TBT_MULTIPLE:g}x "
+        f"a lone decode step ({limit_ms:.0f} ms: a strict TBT SLO), so that fewer steps pay "
+        "the fixed cost while decodes keep their pace (--budget to choose)"
+    )
+    return dataclasses.replace(layout, budget_tokens=budget, why_budget=why)
 
 
 def machine_layout(
@@ -147,7 +190,8 @@ def machine_layout(
     won = measured.best_at(pp or measured.pp)
     if won is None:  # a depth tune-layout does not run
         return rule
-    chosen = LAYOUTS[measured.pp]
+    fitted = fitted_layout(won)
+    chosen = fitted if fitted.pp == measured.pp else LAYOUTS[measured.pp]
     auto = dataclasses.replace(
         chosen,
         why=f"{measured.winner().name}, {chosen.shape}: {measured.why()}; --pp to choose",
@@ -157,7 +201,7 @@ def machine_layout(
         f"measured faster than {' and '.join(others)} at PP={won.pp} here by `sarathictl "
         "tune-layout`" if others else rule_dtype_why(device, won.dtype)
     )  # fmt: skip
-    return LayoutChoice(auto, won.dtype, why_dtype)
+    return LayoutChoice(auto, won.dtype, why_dtype, fitted)
 
 
 def read_layout(path: Path, model_dir: str, dtype: str) -> MeasuredLayout | None:
@@ -168,15 +212,6 @@ def read_layout(path: Path, model_dir: str, dtype: str) -> MeasuredLayout | None
         return measured
     auto = read_measured(path, machine_key(model_dir, "auto"))
     return None if auto is None else auto.only(dtype)
-
-
-def layout_at(pp: int, auto: AutoLayout, device: str) -> AutoLayout | None:
-    """The layout whose budgets go with depth `pp`: up's own pick at its depth; on a CPU, the
-    named layout of another depth (what tune-layout measured there); else None (the local
-    default budget)."""
-    if pp == auto.pp:
-        return auto
-    return LAYOUTS.get(pp) if device == "cpu" else None
 
 
 def threads_per_worker(num_workers: int) -> int:

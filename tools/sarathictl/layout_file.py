@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from sarathictl.budget_fit import StepFit, fit_steps
 from stage_worker.dtype_names import DTYPE_NAMES
 
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -100,10 +101,20 @@ class LayoutFigures:
     lone_ttft_ms: float
     lone_tpot_ms: float
     """A request alone: its first token's time, and the mean gap between its tokens after it."""
+    prompt_tokens: int = 0
+    """The lone request's prompt; 0 in a file written before session 27, which has no fit."""
+    idle_budget_tokens: int = 0
+    """The budget the lone prompt went in (with nothing decoding); 0: `budget_tokens`."""
 
     @property
     def name(self) -> str:
         return layout_name(self.pp, self.dtype)
+
+    def step_fit(self) -> StepFit | None:
+        """The step's cost fitted to the lone request (budget_fit.py); None without the prompt's
+        length (an older file) or where the figures admit no fit."""
+        chunk = self.idle_budget_tokens or self.budget_tokens
+        return fit_steps(self.lone_ttft_ms, self.lone_tpot_ms, self.prompt_tokens, chunk)
 
     def problem(self) -> str:
         """What makes these figures unusable (a hand-edited or damaged file), or ''."""
@@ -112,6 +123,10 @@ class LayoutFigures:
             return "depths, threads and budgets must be whole numbers from 1"
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_NAMES:
             return f"unknown dtype {self.dtype!r}"
+        if not all(
+            type(n) is int and n >= 0 for n in (self.prompt_tokens, self.idle_budget_tokens)
+        ):
+            return "prompt tokens and idle budgets must be whole numbers from 0"
         measured = (self.burst_requests_per_s, self.lone_ttft_ms, self.lone_tpot_ms)
         if not all(type(x) in (int, float) and x > 0 for x in measured):
             return "figures must be positive numbers"

@@ -32,7 +32,13 @@ from sarathictl.argtypes import int_at_least
 from sarathictl.bench.layout_probe import ProbeResult, ProbeWorkload, probe
 from sarathictl.bench.progress import say
 from sarathictl.commands.up import resolve_model
-from sarathictl.layout_choice import LAYOUTS, AutoLayout, auto_dtypes, threads_per_worker
+from sarathictl.layout_choice import (
+    LAYOUTS,
+    AutoLayout,
+    auto_dtypes,
+    fitted_layout,
+    threads_per_worker,
+)
 from sarathictl.layout_file import (
     LayoutFigures,
     MachineKey,
@@ -167,7 +173,10 @@ def measure_once(
 
 
 def medians(
-    candidate: Candidate, config: LocalClusterConfig, runs: list[ProbeResult]
+    candidate: Candidate,
+    config: LocalClusterConfig,
+    workload: ProbeWorkload,
+    runs: list[ProbeResult],
 ) -> LayoutFigures:
     return LayoutFigures(
         pp=candidate.layout.pp,
@@ -177,6 +186,8 @@ def medians(
         burst_requests_per_s=statistics.median(r.burst_requests_per_s for r in runs),
         lone_ttft_ms=statistics.median(r.lone_ttft_s for r in runs) * 1e3,
         lone_tpot_ms=statistics.median(r.lone_tpot_s for r in runs) * 1e3,
+        prompt_tokens=workload.prompt_tokens,
+        idle_budget_tokens=config.idle_budget_tokens,
     )
 
 
@@ -221,7 +232,7 @@ def measure_all(
             "every layout failed: " + "; ".join(f"{name}: {why}" for name, why in failed.items())
         )
     figures = tuple(
-        medians(c, config, rs)
+        medians(c, config, workload, rs)
         for c, config, rs in zip(candidates, configs, runs, strict=True)
         if c.name not in failed
     )
@@ -281,4 +292,7 @@ def run(args: argparse.Namespace) -> int:
             f"\n`sarathictl up --local{dtype_flag}` runs {won.name} on this machine (this "
             f"model) from now on: {measured.why()}. Written to {path}."
         )
+        one_stage = measured.best_at(1)
+        if one_stage is not None:
+            print(f"At PP=1 ({one_stage.dtype}), {fitted_layout(one_stage).why_budget}.")
     return 0

@@ -14,7 +14,6 @@ from controller.scheduler import policy_names
 from controller.scheduler.config import CHUNKED_POLICIES
 from sarathictl.argtypes import comma_list, device, float_in, int_at_least, one_of, port
 from sarathictl.layout_choice import (
-    layout_at,
     machine_layout,
     threads_per_worker,
 )
@@ -58,7 +57,7 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append("  layers: the LM head's stage holds fewer (--layer-split to choose)")
     if args.pp is None:
         lines.append(f"  {auto.why}")
-    at = layout_at(config.pp, auto, config.device)
+    at = choice.budgets_at(config.pp, config.device)
     if args.budget is None and at is not None and at.why_budget:
         lines.append(f"  {at.why_budget}")
     if getattr(args, "idle_budget", 0) is None and config.idle_budget_tokens and at is not None:
@@ -154,7 +153,7 @@ def cluster_config(
     auto, dtype = choice.auto, choice.dtype
     pp = args.pp or auto.pp
     # The budgets measured for a depth go with it, whether up picked the depth or it was given.
-    at = layout_at(pp, auto, args.device)
+    at = choice.budgets_at(pp, args.device)
     budget = args.budget or (at.budget_tokens if at is not None else LOCAL_BUDGET_TOKENS)
     idle_budget = getattr(args, "idle_budget", 0)  # None: up's own pick
     if idle_budget is None:
