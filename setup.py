@@ -23,6 +23,7 @@ kernels = Extension(
         "stage_worker/csrc/paged_attention.c",
         "stage_worker/csrc/paged_attention_avx2.c",
         "stage_worker/csrc/chunk_attention_avx2.c",
+        "stage_worker/csrc/chunk_attention_avx512.c",
         "stage_worker/csrc/gemv_bf16.c",
         "stage_worker/csrc/fused_ops.c",
         "stage_worker/csrc/fused_ops_bf16.c",
@@ -34,6 +35,8 @@ kernels = Extension(
         "stage_worker/csrc/paged_rows.h",
         "stage_worker/csrc/avx2_math.h",
         "stage_worker/csrc/attention_avx2.h",
+        "stage_worker/csrc/attention_avx512.h",
+        "stage_worker/csrc/attention_runs.h",
     ],
     # No -march: the kernels pick their instructions with target pragmas (kernels.h) so the
     # module itself runs on any x86-64 CPU. OpenMP threads the attention, matmul and fused

@@ -2,13 +2,14 @@
 against the torch path it replaces, for decodes and for prompt chunks.
 
     python tools/bench_cpu_attention.py [--threads 2] [--points 1x256,4x512,32x256]
-        [--chunks 48@168,48@336] [--layers 30] [--rounds 5]
+        [--chunks 48@168,48@336] [--layers 30] [--rounds 5] [--dtype bfloat16]
 
-Heads are the demo model's (SmolLM2-135M: 9 query heads, 3 KV heads of 64), float32, 16-token
-blocks in shuffled order. Each point runs every layer's attention in turn over that layer's own
-caches, 30 layers by default as in the model, so the caches come from memory as in a step and
-not from the last level cache. Prints the median milliseconds over all layers, the two paths
-alternated in rounds so that a noisy machine loads both alike, and for
+Heads are the demo model's (SmolLM2-135M: 9 query heads, 3 KV heads of 64), float32 (or
+--dtype bfloat16, on the AVX-512 kernel), 16-token blocks in shuffled order. Each point runs
+every layer's attention in turn over that layer's own caches, 30 layers by default as in the
+model, so the caches come from memory as in a step and not from the last level cache. Prints
+the median milliseconds over all layers, the two paths alternated in rounds so that a noisy
+machine loads both alike, and for
 - a decode point (BATCHxCONTEXT: that many sequences, one query token each): the KV bytes read
   over the kernel's time (GB/s); the torch path gathers every sequence's blocks, then batched
   products (paged_decode);
@@ -36,18 +37,22 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 Paths = dict[str, Callable[[], None]]
 
 
-def _caches(blocks: int, layers: int, gen: torch.Generator) -> list[tuple[torch.Tensor, ...]]:
+def _caches(
+    blocks: int, layers: int, gen: torch.Generator, dtype: torch.dtype
+) -> list[tuple[torch.Tensor, ...]]:
     shape = (blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    return [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
-            for _ in range(layers)]  # fmt: skip
+    return [(torch.randn(shape, generator=gen).to(dtype),
+             torch.randn(shape, generator=gen).to(dtype)) for _ in range(layers)]  # fmt: skip
 
 
-def decode_paths(batch: int, context: int, layers: int, threads: int) -> Paths:
+def decode_paths(
+    batch: int, context: int, layers: int, threads: int, dtype: torch.dtype = torch.float32
+) -> Paths:
     """Per path, a closure attending one query token per sequence in every layer."""
     gen = torch.Generator().manual_seed(0)
     per_seq = -(-context // BLOCK_SIZE)
-    caches = _caches(batch * per_seq, layers, gen)
-    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
+    caches = _caches(batch * per_seq, layers, gen, dtype)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
     table = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int64)
     mask = (torch.arange(per_seq * BLOCK_SIZE) < context).expand(batch, 1, 1, -1)
@@ -65,13 +70,15 @@ def decode_paths(batch: int, context: int, layers: int, threads: int) -> Paths:
     return {"C kernel": kernel, "torch path": torch_path}
 
 
-def chunk_paths(tokens: int, position: int, layers: int, threads: int) -> Paths:
+def chunk_paths(
+    tokens: int, position: int, layers: int, threads: int, dtype: torch.dtype = torch.float32
+) -> Paths:
     """Per path, a closure attending one sequence's prompt chunk in every layer."""
     gen = torch.Generator().manual_seed(0)
     context = position + tokens
     per_seq = -(-context // BLOCK_SIZE)
-    caches = _caches(per_seq, layers, gen)
-    q = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen)
+    caches = _caches(per_seq, layers, gen, dtype)
+    q = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen).to(dtype)
     row = torch.randperm(per_seq, generator=gen)
     table = row.expand(tokens, -1).contiguous()  # every token of the chunk: its sequence's table
     lens = torch.arange(position + 1, context + 1, dtype=torch.int64)
@@ -139,18 +146,24 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args(argv)
-    if not (cpu_kernel.available() and cpu_kernel.takes_dtype(torch.float32)):
-        print("the attention kernel cannot run float32 here (no AVX2 with FMA, or no C module)")
+    dtype = getattr(torch, args.dtype)
+    if not (cpu_kernel.available() and cpu_kernel.takes_dtype(dtype)):
+        print(f"the attention kernel cannot run {args.dtype} here (bf16 needs AVX-512, float32 "
+              "AVX2 with FMA; or no C module)")  # fmt: skip
         return 1
     torch.set_num_threads(args.threads)
-    print(f"{args.layers} layers, {HEADS}/{KV_HEADS} heads of {HEAD_DIM}, {args.threads} threads")
+    print(
+        f"{args.layers} layers, {HEADS}/{KV_HEADS} heads of {HEAD_DIM}, {args.dtype}, "
+        f"{args.threads} threads"
+    )
     if args.points:
         print("| batch | context | C kernel ms | torch path ms | kernel GB/s | vs torch |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch, context in args.points:
-        ms = median_ms(decode_paths(batch, context, args.layers, args.threads), args.rounds)
-        kv_bytes = 2 * args.layers * batch * context * KV_HEADS * HEAD_DIM * 4
+        ms = median_ms(decode_paths(batch, context, args.layers, args.threads, dtype), args.rounds)
+        kv_bytes = 2 * args.layers * batch * context * KV_HEADS * HEAD_DIM * dtype.itemsize
         kernel, plain = ms["C kernel"], ms["torch path"]
         print(
             f"| {batch} | {context} | {kernel:.2f} | {plain:.2f} | "
@@ -160,7 +173,7 @@ def main(argv: list[str]) -> int:
         print("| chunk | position | C kernel ms | torch path ms | kernel ns a pair | vs torch |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for tokens, position in args.chunks:
-        ms = median_ms(chunk_paths(tokens, position, args.layers, args.threads), args.rounds)
+        ms = median_ms(chunk_paths(tokens, position, args.layers, args.threads, dtype), args.rounds)
         # (query token, key row, KV head) pairs: token t attends position + t + 1 rows
         pairs = args.layers * KV_HEADS * (tokens * position + tokens * (tokens + 1) // 2)
         kernel, plain = ms["C kernel"], ms["torch path"]

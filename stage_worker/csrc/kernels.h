@@ -45,13 +45,15 @@
  * register (a rolled loop over such an array makes GCC keep it in memory). */
 #if defined(__clang__)
 #define UNROLLED _Pragma("unroll")
+#define UNROLLED_ALL _Pragma("unroll")
 #else
 #define UNROLLED _Pragma("GCC unroll 8")
+#define UNROLLED_ALL _Pragma("GCC unroll 32") /* arrays of up to 32 vectors */
 #endif
 
-/* Query vectors the AVX2 attention kernel takes together in a tile of a prompt chunk's tokens
- * (chunk_attention_avx2.c; a token has `group` of them, its query heads of one KV head):
- * tiles of sarathi_tile_tokens(group) tokens, at least one. */
+/* Query vectors the attention kernels take together in a tile of a prompt chunk's tokens
+ * (chunk_attention_avx2.c, chunk_attention_avx512.c; a token has `group` of them, its query
+ * heads of one KV head): tiles of sarathi_tile_tokens(group) tokens, at least one. */
 #define SARATHI_TILE_VECTORS 24
 
 static inline int64_t sarathi_tile_tokens(int64_t group) {
@@ -71,6 +73,12 @@ void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                      int64_t block_size, int64_t max_blocks, float scale, float *scratch,
                      int64_t scratch_floats, void *out, int is_bf16, int num_threads);
+
+/* See chunk_attention_avx512.c: a tile of a prompt chunk's tokens, bf16 caches. */
+void attend_tile_bf16(const uint16_t *q, int64_t q_stride, int64_t count, const int64_t *lens,
+                      const char *kc, const char *vc, const int64_t *table, int64_t block_size,
+                      int64_t row_bytes, int64_t head_bytes, int64_t group, int64_t head_dim,
+                      float scale, float *scores, uint16_t *out);
 
 /* See paged_attention_avx2.c: paged_attention for float32 caches, on AVX2 with FMA. */
 void paged_attention_avx2(const float *q, const float *k_cache, const float *v_cache,

@@ -16,9 +16,14 @@
  * KiB: it stays in L1/L2 between the passes). Everything is summed in float32 and the output is
  * rounded once (to bf16, nearest, ties to even, for a bf16 cache).
  *
- * Threads: the (query token, KV head) pairs are shared out among OpenMP threads, each with its
- * own block of the scratch; a pair's work is independent of every other's, so the output is the
- * same whatever the thread count.
+ * That per-token path (attend_head) takes the decodes, and every token of a float32 cache. With
+ * a bf16 cache, consecutive tokens with one table, a prompt chunk's, go in tiles to
+ * chunk_attention_avx512.c instead, which shares each 16 key rows and each value row among the
+ * tile's tokens; the tiles are handed to the threads before the single tokens.
+ *
+ * Threads: the work items ((query token or tile, KV head) pairs) are shared out among OpenMP
+ * threads, each with its own block of the scratch; an item's work is independent of every
+ * other's, so the output is the same whatever the thread count.
  *
  * Compiled into stage_worker._kernels for AVX-512 with bf16 (kernels.h), called only by
  * module.c after it has checked every shape, dtype, table entry and the CPU; head_dim is a
@@ -36,56 +41,13 @@ static inline int omp_thread(void) { return 0; }
 
 #if SARATHI_HAVE_X86_KERNELS
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 SARATHI_AVX512_BEGIN
 
-/* 16 float32 values of a bf16 (is_bf16) or float32 row. */
-static inline __attribute__((always_inline)) __m512 load16(const void *p, int is_bf16) {
-    if (is_bf16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)p);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_loadu_ps(p);
-}
-
-static inline uint16_t to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u); /* round to nearest, ties to even (no NaNs here) */
-    return (uint16_t)(bits >> 16);
-}
-
-/* e^x for x <= 0 (scores minus their maximum), relative error about 1e-7: x = n ln2 + r with
- * |r| <= ln2/2, e^r by its degree-6 Taylor polynomial, times 2^n. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f)); /* e^-87 is ~0 and 2^n stays normal */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x); /* ln2, high part */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);      /* ln2, low part */
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* probs[0..len) = e^(scores - max) in place; returns their sum. */
-static float softmax_numerators(float *scores, int64_t len, float max) {
-    __m512 vmax = _mm512_set1_ps(max), sum = _mm512_setzero_ps();
-    for (int64_t i = 0; i < len; i += 16) {
-        int64_t left = len - i;
-        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), vmax));
-        _mm512_mask_storeu_ps(scores + i, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-    }
-    return _mm512_reduce_add_ps(sum);
-}
+#include "attention_avx512.h"
+#include "attention_runs.h"
 
 /* lane i = the sum of v[i]'s 16 lanes: a transposing tree of 15 shuffle-and-add steps, where
  * 16 separate reductions take about 4 times the instructions. */
@@ -237,31 +199,62 @@ static void attend_any(const char *q, const char *kc, const char *vc, const int6
 }
 #undef CASE
 
+/* One work item of paged_attention: `count` consecutive tokens from token b, KV head h; more
+ * than one (bf16 caches only) go as a tile to chunk_attention_avx512.c. */
+static void attend_item(const char *q, const char *kc, const char *vc, const int64_t *block_table,
+                        const int64_t *context_lens, int64_t b, int64_t count, int64_t h,
+                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t block_size, int64_t max_blocks, float scale, float *scratch,
+                        char *out, int is_bf16) {
+    const int64_t group = num_q_heads / num_kv_heads, elem = is_bf16 ? 2 : 4;
+    const int64_t row_stride = num_kv_heads * head_dim;
+    const int64_t first_row = (b * num_q_heads + h * group) * head_dim * elem;
+    const int64_t *table = block_table + b * max_blocks;
+    if (count == 1) {
+        attend_any(q + first_row, kc, vc, table, context_lens[b], block_size, row_stride, h,
+                   group, scale, scratch, out + first_row, (int)(head_dim / 16), is_bf16);
+        return;
+    }
+    attend_tile_bf16((const uint16_t *)(q + first_row), num_q_heads * head_dim, count,
+                     context_lens + b, kc, vc, table, block_size, row_stride * elem,
+                     h * head_dim * elem, group, head_dim, scale, scratch,
+                     (uint16_t *)(out + first_row));
+}
+
 /* q: [T, Hq, D] contiguous, one row per query token, same dtype as the caches; k_cache,
  * v_cache: [num_blocks, block_size, Hkv, D] contiguous; block_table: [T, max_blocks] int64, the
  * table of each token's sequence; context_lens: [T] int64, the positions each token attends
  * (each >= 1 and covered by its row of the table); scratch: float32, num_threads blocks of
- * scratch_floats >= group * (max context_len rounded up to 16) values; out: [T, Hq, D]
- * contiguous, the caches' dtype. Hq = Hkv * group with group <= 64; D a multiple of 16, at most
- * 256 (module.c checks all of it). */
+ * scratch_floats >= sarathi_attention_scratch_floats(group, max context_len) values; out: [T,
+ * Hq, D] contiguous, the caches' dtype. Hq = Hkv * group with group <= 64; D a multiple of 16,
+ * at most 256 (module.c checks all of it). With bf16 caches, consecutive tokens with one table
+ * (a prompt chunk's) go in tiles of up to sarathi_tile_tokens(group), the tiles handed out
+ * first; every other token (a decode, a float32 cache's) goes alone. */
 void paged_attention(const void *q, const void *k_cache, const void *v_cache,
                      const int64_t *block_table, const int64_t *context_lens, int64_t tokens,
                      int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                      int64_t block_size, int64_t max_blocks, float scale, float *scratch,
                      int64_t scratch_floats, void *out, int is_bf16, int num_threads) {
     const int64_t group = num_q_heads / num_kv_heads;
-    const int64_t elem = is_bf16 ? 2 : 4, row_stride = num_kv_heads * head_dim;
-    const int64_t pairs = tokens * num_kv_heads;
+    int64_t *runs = is_bf16 ? malloc((size_t)tokens * 2 * sizeof(int64_t)) : NULL;
+    /* without the memory for the list, every token goes on its own */
+    const int64_t num_runs =
+        runs == NULL ? tokens
+                     : split_into_runs(block_table, context_lens, tokens, max_blocks, block_size,
+                                       sarathi_tile_tokens(group), runs);
+    const int64_t items = num_runs * num_kv_heads;
     /* dynamic: a prompt chunk's later tokens attend longer contexts than its first ones */
 #pragma omp parallel for schedule(dynamic) num_threads(num_threads) if (num_threads > 1)
-    for (int64_t pair = 0; pair < pairs; ++pair) {
-        const int64_t b = pair / num_kv_heads, h = pair % num_kv_heads;
-        float *mine = scratch + (int64_t)omp_thread() * scratch_floats;
-        const int64_t first_row = (b * num_q_heads + h * group) * head_dim * elem;
-        attend_any((const char *)q + first_row, (const char *)k_cache, (const char *)v_cache,
-                   block_table + b * max_blocks, context_lens[b], block_size, row_stride, h,
-                   group, scale, mine, (char *)out + first_row, (int)(head_dim / 16), is_bf16);
+    for (int64_t item = 0; item < items; ++item) {
+        const int64_t run = item / num_kv_heads, h = item % num_kv_heads;
+        const int64_t b = runs == NULL ? run : runs[2 * run];
+        const int64_t count = runs == NULL ? 1 : runs[2 * run + 1];
+        attend_item((const char *)q, (const char *)k_cache, (const char *)v_cache, block_table,
+                    context_lens, b, count, h, num_q_heads, num_kv_heads, head_dim, block_size,
+                    max_blocks, scale, scratch + (int64_t)omp_thread() * scratch_floats,
+                    (char *)out, is_bf16);
     }
+    free(runs);
 }
 
 SARATHI_AVX512_END

@@ -36,6 +36,7 @@
 
 SARATHI_AVX2_BEGIN
 #include "attention_avx2.h"
+#include "attention_runs.h"
 
 /* q . key_i for the 8 rows at rows + i * row_bytes: one accumulator a row, so eight independent
  * FMA chains share each load of q, and one sums8 replaces eight horizontal sums. */
@@ -137,39 +138,6 @@ static void attend_head(const float *q, const char *kc, const char *vc, const in
             }
         }
     }
-}
-
-/* Tokens from `first` on that go as one tile: at most `most`, each with the first's table over
- * every block it attends (a prompt chunk's tokens repeat their sequence's table). */
-static int64_t run_length(const int64_t *table, const int64_t *lens, int64_t tokens,
-                          int64_t max_blocks, int64_t block_size, int64_t first, int64_t most) {
-    const int64_t *row = table + first * max_blocks;
-    int64_t n = 1;
-    for (; n < most && first + n < tokens; ++n) {
-        const int64_t used = (lens[first + n] + block_size - 1) / block_size;
-        if (memcmp(row, table + (first + n) * max_blocks, (size_t)used * sizeof(int64_t)) != 0)
-            break;
-    }
-    return n;
-}
-
-/* Work items: runs[k] = (first token, count), the tiles of more than one token first, so that
- * the largest items start first and the threads finish together. Returns their number. */
-static int64_t split_into_runs(const int64_t *table, const int64_t *lens, int64_t tokens,
-                               int64_t max_blocks, int64_t block_size, int64_t most,
-                               int64_t *runs) {
-    int64_t num_runs = 0;
-    for (int pass = 0; pass < 2; ++pass)
-        for (int64_t first = 0; first < tokens;) {
-            const int64_t n = run_length(table, lens, tokens, max_blocks, block_size, first, most);
-            if ((n > 1) == (pass == 0)) {
-                runs[2 * num_runs] = first;
-                runs[2 * num_runs + 1] = n;
-                ++num_runs;
-            }
-            first += n;
-        }
-    return num_runs;
 }
 
 /* Arguments as paged_attention's (paged_attention.c), float32 throughout; scratch_floats

@@ -105,18 +105,29 @@ def test_any_block_size_matches_the_torch_path(block_size: int, dtype: torch.dty
 
 
 def _chunk_case(
-    chunks: list[tuple[int, int]], hq: int, hkv: int, d: int, block_size: int, seed: int
+    chunks: list[tuple[int, int]],
+    hq: int,
+    hkv: int,
+    d: int,
+    block_size: int,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, ...]:
-    """Prompt chunks (first position, tokens) of one sequence each, float32: every token of a
-    chunk repeats its sequence's table row and attends one position more than the token before
-    (as the backend prepares a step); q [T, Hq, D], caches, table [T, max_blocks], lens [T]."""
+    """Prompt chunks (first position, tokens) of one sequence each: every token of a chunk
+    repeats its sequence's table row and attends one position more than the token before (as
+    the backend prepares a step); q [T, Hq, D], caches, table [T, max_blocks], lens [T]."""
     q, k_cache, v_cache, seq_tables, _ = _case(
-        [p0 + n for p0, n in chunks], hq, hkv, d, torch.float32, seed, block_size
+        [p0 + n for p0, n in chunks], hq, hkv, d, dtype, seed, block_size
     )
     rows = [seq_tables[s] for s, (_, n) in enumerate(chunks) for _ in range(n)]
     lens = [p0 + t + 1 for p0, n in chunks for t in range(n)]
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(seed)) * 2
-    return q, k_cache, v_cache, torch.stack(rows), torch.tensor(lens, dtype=torch.int64)
+    return q.to(dtype), k_cache, v_cache, torch.stack(rows), torch.tensor(lens, dtype=torch.int64)
+
+
+CHUNKS = [(0, 1), (0, 37), (100, 9), (513, 26), (7, 1)]
+"""First chunks, later chunks over a cached prefix, chunks shorter than a tile and longer,
+beside decodes (chunks of one token)."""
 
 
 @needs_kernel
@@ -131,16 +142,20 @@ def _chunk_case(
         (29, 1, 64, 16),  # Falcon-180B's TP-4 group: one token a tile, the per-token path
     ],
 )
-def test_prompt_chunks_match_the_torch_path(hq: int, hkv: int, d: int, block_size: int) -> None:
-    """On AVX2 a chunk's tokens go in tiles that share each key and value row: first chunks,
-    later chunks over a cached prefix, chunks shorter than a tile and longer, beside decodes."""
-    skip_unless_taken(torch.float32)
-    chunks = [(0, 1), (0, 37), (100, 9), (513, 26), (7, 1)]
-    q, k_cache, v_cache, table, lens = _chunk_case(chunks, hq, hkv, d, block_size, seed=hq + d)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prompt_chunks_match_the_torch_path(
+    hq: int, hkv: int, d: int, block_size: int, dtype: torch.dtype
+) -> None:
+    """A chunk's tokens go in tiles that share each key and value row (float32 on AVX2,
+    chunk_attention_avx2.c; bf16 on AVX-512, chunk_attention_avx512.c, whose keys are
+    transposed 16 rows at a time: head sizes of one, two and three such pieces of 16 pairs)."""
+    skip_unless_taken(dtype)
+    q, k_cache, v_cache, table, lens = _chunk_case(CHUNKS, hq, hkv, d, block_size, hq + d, dtype)
     scratch = torch.empty(cpu_kernel.scratch_floats(hq, hkv, int(lens.max()), 2))
     got = cpu_kernel.attend(q, k_cache, v_cache, table, lens, scratch, 2)
+    assert got.dtype == dtype
     want = _reference(q, k_cache, v_cache, table, lens)
-    torch.testing.assert_close(got, want, **_tolerance(torch.float32))  # type: ignore[arg-type]
+    torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
 
 
 @needs_kernel
@@ -149,12 +164,14 @@ def test_threads_change_nothing(dtype: torch.dtype) -> None:
     """Each (token, KV head) pair is one thread's whole work: the output is bit for bit the
     same at any thread count."""
     skip_unless_taken(dtype)
-    q, k_cache, v_cache, table, context = _case([17, 600, 33, 1], 9, 3, 64, dtype, 5)
-    outs = []
-    for threads in (1, 2, 4):
-        scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, 600, threads))
-        outs.append(cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads))
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    decodes = _case([17, 600, 33, 1], 9, 3, 64, dtype, 5)
+    chunks = _chunk_case(CHUNKS, 9, 3, 64, BLOCK_SIZE, 5, dtype)  # tiles are a thread's too
+    for q, k_cache, v_cache, table, context in (decodes, chunks):
+        outs = []
+        for threads in (1, 2, 4):
+            scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, int(context.max()), threads))
+            outs.append(cpu_kernel.attend(q, k_cache, v_cache, table, context, scratch, threads))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @needs_kernel
