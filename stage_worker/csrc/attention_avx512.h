@@ -1,6 +1,6 @@
 /* What the AVX-512 attention kernels share (paged_attention.c: one query token a call;
  * chunk_attention_avx512.c: a tile of a prompt chunk's tokens, bf16 caches): loading a row as
- * float32, bf16 rounding, the exponential and the softmax numerators. Include it only between
+ * float32, bf16 rounding, the exponential, the softmax numerators and prefetching rows. Include it only between
  * SARATHI_AVX512_BEGIN and SARATHI_AVX512_END (kernels.h). */
 #ifndef SARATHI_ATTENTION_AVX512_H
 #define SARATHI_ATTENTION_AVX512_H
@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "paged_rows.h"
 
 /* 16 float32 values of a bf16 (is_bf16) or float32 row. */
 static inline __attribute__((always_inline)) __m512 load16(const void *p, int is_bf16) {
@@ -54,6 +56,23 @@ static inline float softmax_numerators(float *scores, int64_t len, float max) {
         sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
     return _mm512_reduce_add_ps(sum);
+}
+
+/* Asks for the rows of the walk's next n positions (and moves it on), `bytes` of each: into L1
+ * (to_l2 = 0) or L2 (to_l2 = 1). A sequence's blocks lie anywhere in the cache, where the
+ * hardware's prefetcher cannot follow: without it the attention passes waited on each new
+ * block (BENCHMARKS "Decode attention prefetched"). */
+static inline void prefetch_rows(const char *cache, rows_t *walk, int64_t block_size, int64_t n,
+                                 int64_t bytes, int to_l2) {
+    for (int64_t p = 0; p < n; ++p) {
+        const char *row = cache + next_row(walk, block_size);
+        for (int64_t b = 0; b < bytes; b += 64) {
+            if (to_l2)
+                _mm_prefetch(row + b, _MM_HINT_T1);
+            else
+                _mm_prefetch(row + b, _MM_HINT_T0);
+        }
+    }
 }
 
 #endif

@@ -96,15 +96,23 @@ static inline __attribute__((always_inline)) __m512 dot16(const void *q, const c
  * times scale -> scores: [group, len], and each head's maximum -> max. Sixteen positions at a
  * time: their key rows sit in L1 while every head of the group reads them. */
 static inline __attribute__((always_inline)) void
-score_pass(const char *q, const char *kc, const int64_t *table, int64_t len, int64_t block_size,
-           int64_t row_stride, int64_t h, int64_t group, float scale, float *scores, float *max,
-           int nv, int is_bf16) {
+score_pass(const char *q, const char *kc, const char *vc, const int64_t *table, int64_t len,
+           int64_t block_size, int64_t row_stride, int64_t h, int64_t group, float scale,
+           float *scores, float *max, int nv, int is_bf16) {
     const int64_t head_dim = nv * 16, elem = is_bf16 ? 2 : 4;
     const __m512 vscale = _mm512_set1_ps(scale);
     rows_t walk = rows_from(table, block_size, row_stride * elem, h * head_dim * elem);
+    rows_t keys_ahead = walk, values_ahead = walk;
+    prefetch_rows(kc, &keys_ahead, block_size, len < 16 ? len : 16, head_dim * elem, 0);
     for (int64_t g = 0; g < group; ++g) max[g] = -3.0e38f;
     for (int64_t pos0 = 0; pos0 < len; pos0 += 16) {
         const int64_t n = len - pos0 < 16 ? len - pos0 : 16;
+        /* the next 16 key rows into L1 while these are scored, these 16 value rows into L2
+         * for value_pass: a block's rows lie together, but the blocks anywhere in the cache,
+         * where the hardware's prefetcher cannot follow */
+        const int64_t next = len - pos0 - n < 16 ? len - pos0 - n : 16;
+        prefetch_rows(kc, &keys_ahead, block_size, next, head_dim * elem, 0);
+        prefetch_rows(vc, &values_ahead, block_size, n, head_dim * elem, 1);
         const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
         const char *rows[16];
         for (int64_t p = 0; p < 16; ++p) /* past len: the first row again, masked off */
@@ -165,7 +173,7 @@ attend_head(const char *q, const char *kc, const char *vc, const int64_t *table,
             int64_t block_size, int64_t row_stride, int64_t h, int64_t group, float scale,
             float *scores, char *out_head0, int nv, int is_bf16) {
     float max[64], inv_sum[64];
-    score_pass(q, kc, table, len, block_size, row_stride, h, group, scale, scores, max, nv,
+    score_pass(q, kc, vc, table, len, block_size, row_stride, h, group, scale, scores, max, nv,
                is_bf16);
     for (int64_t g = 0; g < group; ++g)
         inv_sum[g] = 1.0f / softmax_numerators(scores + g * len, len, max[g]);
