@@ -27,6 +27,7 @@ kernels = Extension(
         "stage_worker/csrc/gemv_bf16.c",
         "stage_worker/csrc/fused_ops.c",
         "stage_worker/csrc/fused_ops_bf16.c",
+        "stage_worker/csrc/fused_ops_bf16_avx512.c",
         "stage_worker/csrc/fused_ops_f32.c",
         "stage_worker/csrc/sgemm_f32.c",
     ],

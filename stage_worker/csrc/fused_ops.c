@@ -2,7 +2,8 @@
  * SiLU(gate) times up. Each replaces two to five torch ops, whose dispatch costs more than
  * their arithmetic at decode sizes (about 3 ms a decode step of the demo model, BENCHMARKS.md).
  *
- * This file picks the dtype's vectors (fused_ops_bf16.c, fused_ops_f32.c) and shares the rows
+ * This file picks the dtype's vectors (fused_ops_bf16.c, or fused_ops_bf16_avx512.c where the
+ * CPU runs AVX-512 with bf16; fused_ops_f32.c) and shares the rows
  * out over the threads where an op has enough elements (PARALLEL_FROM_ELEMENTS): a prompt
  * chunk's have, and on one thread they took about 35 ms of a 512-token step of the demo model in
  * bf16 while the other core waited (BENCHMARKS "bf16 fused ops on every thread"); those of a few
@@ -21,6 +22,8 @@
 static inline int omp_get_thread_num(void) { return 0; }
 static inline int omp_get_num_threads(void) { return 1; }
 #endif
+
+int sarathi_fused_avx512 = 0;
 
 /* Ops over fewer elements than this run on the calling thread: a parallel region's start and
  * join (a few microseconds) would cost more than the half of the work it moves. */
@@ -54,7 +57,9 @@ static void rms_norm_rows(const void *x, int64_t ld_x, const void *w, int64_t hi
                           void *out, int is_bf16, int64_t first, int64_t end) {
     const void *in = at(x, first * ld_x, is_bf16);
     void *dst = at_out(out, first * hidden, is_bf16);
-    if (is_bf16)
+    if (is_bf16 && sarathi_fused_avx512)
+        fused_rms_norm_bf16_avx512(in, end - first, ld_x, w, hidden, eps, dst);
+    else if (is_bf16)
         fused_rms_norm_bf16(in, end - first, ld_x, w, hidden, eps, dst);
     else
         fused_rms_norm_f32(in, end - first, ld_x, w, hidden, eps, dst);
@@ -81,7 +86,9 @@ static void rotary_rows(const void *x, int64_t heads, int64_t head_dim, int64_t 
     const void *in = at(x, first * ld_token, is_bf16);
     const void *c = at(cos, first * head_dim, is_bf16), *s = at(sin, first * head_dim, is_bf16);
     void *dst = at_out(out, first * heads * head_dim, is_bf16);
-    if (is_bf16)
+    if (is_bf16 && sarathi_fused_avx512)
+        fused_rotary_bf16_avx512(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
+    else if (is_bf16)
         fused_rotary_bf16(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
     else
         fused_rotary_f32(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
@@ -107,7 +114,9 @@ static void silu_mul_rows(const void *x, int64_t ld_x, int64_t width, void *out,
                           int64_t first, int64_t end) {
     const void *in = at(x, first * ld_x, is_bf16);
     void *dst = at_out(out, first * width, is_bf16);
-    if (is_bf16)
+    if (is_bf16 && sarathi_fused_avx512)
+        fused_silu_mul_bf16_avx512(in, end - first, ld_x, width, dst);
+    else if (is_bf16)
         fused_silu_mul_bf16(in, end - first, ld_x, width, dst);
     else
         fused_silu_mul_f32(in, end - first, ld_x, width, dst);

@@ -125,6 +125,18 @@ void fused_rotary_bf16(const uint16_t *x, int64_t tokens, int64_t heads, int64_t
 void fused_silu_mul_bf16(const uint16_t *x, int64_t rows, int64_t ld_x, int64_t width,
                          uint16_t *out);
 
+/* See fused_ops_bf16_avx512.c: the same three on AVX-512 with bf16, which the functions above
+ * hand bf16 rows where sarathi_fused_avx512 is set (module.c sets it where the CPU runs them;
+ * its fused_avx512() switches it, for tests and benchmarks). */
+extern int sarathi_fused_avx512;
+void fused_rms_norm_bf16_avx512(const uint16_t *x, int64_t rows, int64_t ld_x,
+                                const uint16_t *w, int64_t hidden, float eps, uint16_t *out);
+void fused_rotary_bf16_avx512(const uint16_t *x, int64_t tokens, int64_t heads,
+                              int64_t head_dim, int64_t ld_token, int64_t ld_head,
+                              const uint16_t *cos, const uint16_t *sin, uint16_t *out);
+void fused_silu_mul_bf16_avx512(const uint16_t *x, int64_t rows, int64_t ld_x, int64_t width,
+                                uint16_t *out);
+
 /* See fused_ops_f32.c: the same three for float32, which the functions above hand them. */
 void fused_rms_norm_f32(const float *x, int64_t rows, int64_t ld_x, const float *w,
                         int64_t hidden, float eps, float *out);

@@ -479,6 +479,19 @@ static PyObject *py_cpu_supported(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(kernels_run_here());
 }
 
+static PyObject *py_fused_avx512(PyObject *self, PyObject *args) {
+    (void)self;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p:fused_avx512", &on)) return NULL;
+    const int was = sarathi_fused_avx512;
+    if (on == 1 && !kernels_run_here()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX-512 with bf16");
+        return NULL;
+    }
+    if (on != -1) sarathi_fused_avx512 = on;
+    return PyBool_FromLong(was);
+}
+
 static PyObject *py_attention_scratch_floats(PyObject *self, PyObject *args) {
     (void)self;
     long long hq, hkv, max_context;
@@ -536,6 +549,10 @@ static PyMethodDef methods[] = {
      "Whether this CPU runs the fused ops and the float32 matmul (AVX2 and FMA on x86-64)."},
     {"cpu_supported", py_cpu_supported, METH_NOARGS,
      "Whether this CPU runs the kernels (AVX-512 F, BW, VL and BF16 on x86-64)."},
+    {"fused_avx512", py_fused_avx512, METH_VARARGS,
+     "fused_avx512([on]): whether the bf16 fused ops run on AVX-512 (on where the CPU has it "
+     "with bf16, else on AVX2), as it was before the call; `on` switches it (tests, "
+     "benchmarks)."},
     {"attention_scratch_floats", py_attention_scratch_floats, METH_VARARGS,
      "attention_scratch_floats(num_q_heads, num_kv_heads, max_context): float32 values of "
      "scratch paged_attention needs a thread, the size it checks scratch against."},
@@ -549,4 +566,7 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    sarathi_fused_avx512 = kernels_run_here();
+    return PyModule_Create(&module);
+}

@@ -23,6 +23,20 @@ DTYPES = [torch.bfloat16, torch.float32]
 TOLERANCE = {torch.bfloat16: 2**-6, torch.float32: 1e-5}
 
 
+@pytest.fixture(autouse=True, params=["avx2", "avx512"])
+def bf16_vectors(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Every test on both of the bf16 ops' files: fused_ops_bf16.c (AVX2, any CPU with the
+    fused ops) and fused_ops_bf16_avx512.c (where the CPU has AVX-512 with bf16, which picks it
+    by default). float32 takes neither."""
+    module = native.fused_kernels()
+    assert module is not None
+    if request.param == "avx512" and not native.module().cpu_supported():
+        pytest.skip("this CPU lacks AVX-512 with bf16")
+    was = module.fused_avx512(request.param == "avx512")
+    yield request.param
+    module.fused_avx512(was)
+
+
 def rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
