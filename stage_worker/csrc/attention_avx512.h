@@ -1,6 +1,7 @@
-/* What the AVX-512 attention kernels share (paged_attention.c: one query token a call;
- * chunk_attention_avx512.c: a tile of a prompt chunk's tokens, bf16 caches): loading a row as
- * float32, bf16 rounding, the exponential, the softmax numerators and prefetching rows. Include it only between
+/* What the AVX-512 kernels share (paged_attention.c: one query token a call;
+ * chunk_attention_avx512.c: a tile of a prompt chunk's tokens, bf16 caches;
+ * fused_ops_bf16_avx512.c): loading a row as float32, bf16 rounding, the exponential, the
+ * softmax numerators, prefetching rows and lane masks. Include it only between
  * SARATHI_AVX512_BEGIN and SARATHI_AVX512_END (kernels.h). */
 #ifndef SARATHI_ATTENTION_AVX512_H
 #define SARATHI_ATTENTION_AVX512_H
@@ -10,6 +11,11 @@
 #include <string.h>
 
 #include "paged_rows.h"
+
+/* The first n of 16 lanes (all 16 from n = 16 up). */
+static inline __mmask16 first16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
 
 /* 16 float32 values of a bf16 (is_bf16) or float32 row. */
 static inline __attribute__((always_inline)) __m512 load16(const void *p, int is_bf16) {
@@ -49,8 +55,7 @@ static inline __m512 exp512(__m512 x) {
 static inline float softmax_numerators(float *scores, int64_t len, float max) {
     __m512 vmax = _mm512_set1_ps(max), sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < len; i += 16) {
-        int64_t left = len - i;
-        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m = first16(len - i);
         __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), vmax));
         _mm512_mask_storeu_ps(scores + i, m, e);
         sum = _mm512_mask_add_ps(sum, m, sum, e);
@@ -66,11 +71,13 @@ static inline void prefetch_rows(const char *cache, rows_t *walk, int64_t block_
                                  int64_t bytes, int to_l2) {
     for (int64_t p = 0; p < n; ++p) {
         const char *row = cache + next_row(walk, block_size);
-        for (int64_t b = 0; b < bytes; b += 64) {
+        /* every line the row touches, from the one it starts in (rows need not be aligned) */
+        const char *line = (const char *)((uintptr_t)row & ~(uintptr_t)63);
+        for (; line < row + bytes; line += 64) {
             if (to_l2)
-                _mm_prefetch(row + b, _MM_HINT_T1);
+                _mm_prefetch(line, _MM_HINT_T1);
             else
-                _mm_prefetch(row + b, _MM_HINT_T0);
+                _mm_prefetch(line, _MM_HINT_T0);
         }
     }
 }

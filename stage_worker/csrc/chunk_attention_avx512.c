@@ -13,12 +13,13 @@
  *       lane per position (transpose16), so that a query vector's 16 scores are D / 2 vdpbf16ps
  *       against its own value pairs broadcast, already in lanes: no horizontal sum. SCORE_CHAINS
  *       query vectors at a time, independent chains sharing each transposed vector;
- *   (2) each query vector's softmax numerators over its own causal length (scores past it,
- *       computed with the tile's longest, become zeros);
+ *   (2) each query vector's softmax numerators over its own causal length (its scores past
+ *       it, computed with the tile's longest, are never read);
  *   (3) values: each value row widened to float32 once for value_vectors(NV) query vectors,
- *       their sums in registers.
+ *       their sums in registers, each over its own causal length.
  * The value pass sums in attend_head's order; the scores' sums run in another, so outputs may
- * differ from attend_head's in the last bit of bf16 (tests/unit/stage_worker/test_cpu_attention.py).
+ * differ from attend_head's in the last bit of bf16
+ * (tests/unit/stage_worker/test_cpu_attention_kernel.py).
  */
 #include "kernels.h"
 #include "paged_rows.h"
@@ -68,7 +69,7 @@ static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
 static void transpose_keys(const char *const rows[16], int64_t words, __m512i *kt) {
     for (int64_t c = 0; c < words; c += 16) {
         const int64_t n = words - c < 16 ? words - c : 16; /* 16, or 8 at the end */
-        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __mmask16 m = first16(n);
         __m512i r[16];
         UNROLLED_ALL
         for (int p = 0; p < 16; ++p)
@@ -134,8 +135,7 @@ static void score_tile(const uint16_t *const *qv, int64_t nqv, const char *kc,
 static float row_max(const float *scores, int64_t len) {
     __m512 m = _mm512_set1_ps(-3.0e38f);
     for (int64_t i = 0; i < len; i += 16) {
-        const int64_t left = len - i;
-        const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 k = first16(len - i);
         m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, scores + i));
     }
     return _mm512_reduce_max_ps(m);
@@ -144,28 +144,37 @@ static float row_max(const float *scores, int64_t len) {
 /* Query vectors whose output sums the value pass keeps in registers: VALUE_SUMS / NV. */
 static inline int value_vectors(int nv) { return nv >= VALUE_SUMS ? 1 : VALUE_SUMS / nv; }
 
-/* out[k] = inv_sum[k] * sum over pos < len of p[k][pos] * value(pos), rounded to bf16, for the
- * value_vectors(NV) query vectors k; NV = head_dim / 16, a constant after inlining. Each value
- * row is widened once for all of them. */
+/* out[k] = inv_sum[k] * sum over pos < lens[k] of p[k][pos] * value(pos), rounded to bf16,
+ * for the value_vectors(NV) query vectors k; NV = head_dim / 16, a constant after inlining.
+ * Each value row is widened once for all of them. Rows a vector does not attend (a later
+ * token's, in the tile's last few positions) are left out of its sums, not weighted by zero:
+ * a non-finite value there must not reach an earlier token, as it does not in attend_head. */
 static inline __attribute__((always_inline)) void
-value_vectors_pass(const char *vc, const int64_t *table, int64_t len, int64_t block_size,
+value_vectors_pass(const char *vc, const int64_t *table, const int64_t *lens, int64_t block_size,
                    int64_t row_bytes, int64_t head_bytes, const float *const *p,
                    const float *inv_sum, uint16_t *const *out, int NV) {
     const int NG = value_vectors(NV);
+    int64_t shortest = lens[0], longest = lens[0];
+    for (int g = 1; g < NG; ++g) {
+        shortest = lens[g] < shortest ? lens[g] : shortest;
+        longest = lens[g] > longest ? lens[g] : longest;
+    }
     __m512 acc[VALUE_SUMS];
     UNROLLED_ALL
     for (int i = 0; i < NG * NV; ++i) acc[i] = _mm512_setzero_ps();
     rows_t walk = rows_from(table, block_size, row_bytes, head_bytes);
-    for (int64_t pos = 0; pos < len; ++pos) {
+    for (int64_t pos = 0; pos < longest; ++pos) {
         const char *vrow = vc + next_row(&walk, block_size);
         __m512 v[16];
         UNROLLED_ALL
         for (int j = 0; j < NV; ++j) v[j] = load16(vrow + j * 32, 1);
         UNROLLED_ALL
         for (int g = 0; g < NG; ++g) {
+            if (pos >= shortest && pos >= lens[g]) continue; /* past this vector's context */
             const __m512 pg = _mm512_set1_ps(p[g][pos]);
             UNROLLED_ALL
-            for (int j = 0; j < NV; ++j) acc[g * NV + j] = _mm512_fmadd_ps(pg, v[j], acc[g * NV + j]);
+            for (int j = 0; j < NV; ++j)
+                acc[g * NV + j] = _mm512_fmadd_ps(pg, v[j], acc[g * NV + j]);
         }
     }
     for (int g = 0; g < NG; ++g) {
@@ -180,24 +189,26 @@ value_vectors_pass(const char *vc, const int64_t *table, int64_t len, int64_t bl
 
 /* value_vectors_pass for every query vector, value_vectors(nv) at a time, made up by repeating
  * the last (its output written twice, alike). */
-static void value_tile(const char *vc, const int64_t *table, int64_t longest, int64_t block_size,
-                       int64_t row_bytes, int64_t head_bytes, const float *scores, int64_t stride,
-                       const float *inv_sum, int64_t nqv, uint16_t *const *ov, int nv) {
+static void value_tile(const char *vc, const int64_t *table, const int64_t *lens, int64_t group,
+                       int64_t block_size, int64_t row_bytes, int64_t head_bytes,
+                       const float *scores, int64_t stride, const float *inv_sum, int64_t nqv,
+                       uint16_t *const *ov, int nv) {
     const int ng = value_vectors(nv);
     for (int64_t i = 0; i < nqv; i += ng) {
         const float *p[VALUE_SUMS];
         float inv[VALUE_SUMS];
         uint16_t *o[VALUE_SUMS];
+        int64_t len[VALUE_SUMS];
         for (int g = 0; g < ng; ++g) {
             const int64_t at = i + g < nqv ? i + g : nqv - 1;
             p[g] = scores + at * stride;
             inv[g] = inv_sum[at];
             o[g] = ov[at];
+            len[g] = lens[at / group];
         }
 #define CASE(NV)                                                                               \
     case NV:                                                                                   \
-        value_vectors_pass(vc, table, longest, block_size, row_bytes, head_bytes, p, inv, o,   \
-                           NV);                                                                \
+        value_vectors_pass(vc, table, len, block_size, row_bytes, head_bytes, p, inv, o, NV);  \
         break;
         switch (nv) {
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -219,7 +230,7 @@ void attend_tile_bf16(const uint16_t *q, int64_t q_stride, int64_t count, const 
     const uint16_t *qv[SARATHI_TILE_VECTORS];
     uint16_t *ov[SARATHI_TILE_VECTORS];
     float inv_sum[SARATHI_TILE_VECTORS];
-    __m512i kt[128]; /* head_dim / 2 transposed key vectors: 8 KiB at head_dim 256 */
+    __m512i kt[SARATHI_MAX_HEAD_DIM / 2]; /* head_dim / 2 transposed key vectors: 8 KiB */
     const int64_t nqv = count * group;
     int64_t longest = 0;
     for (int64_t t = 0; t < count; ++t) longest = lens[t] > longest ? lens[t] : longest;
@@ -234,10 +245,9 @@ void attend_tile_bf16(const uint16_t *q, int64_t q_stride, int64_t count, const 
         float *probs = scores + i * stride;
         const int64_t len = lens[i / group];
         inv_sum[i] = 1.0f / softmax_numerators(probs, len, row_max(probs, len));
-        for (int64_t pos = len; pos < longest; ++pos) probs[pos] = 0.0f; /* causal */
     }
-    value_tile(vc, table, longest, block_size, row_bytes, head_bytes, scores, stride, inv_sum,
-               nqv, ov, (int)(head_dim / 16));
+    value_tile(vc, table, lens, group, block_size, row_bytes, head_bytes, scores, stride,
+               inv_sum, nqv, ov, (int)(head_dim / 16));
 }
 
 SARATHI_AVX512_END

@@ -14,6 +14,8 @@
 
 #include "kernels.h"
 
+int sarathi_fused_avx512 = 0; /* outside the #if: module.c reads it on every architecture */
+
 #if SARATHI_HAVE_X86_KERNELS
 
 #ifdef _OPENMP
@@ -22,8 +24,6 @@
 static inline int omp_get_thread_num(void) { return 0; }
 static inline int omp_get_num_threads(void) { return 1; }
 #endif
-
-int sarathi_fused_avx512 = 0;
 
 /* Ops over fewer elements than this run on the calling thread: a parallel region's start and
  * join (a few microseconds) would cost more than the half of the work it moves. */
@@ -41,12 +41,20 @@ static void my_rows(int64_t rows, int64_t *first, int64_t *end) {
     *end = rows * (t + 1) / n;
 }
 
-static inline const void *at(const void *p, int64_t elements, int is_bf16) {
-    return (const char *)p + elements * (is_bf16 ? 2 : 4);
+/* Which file's vectors an op runs on: chosen once per op, before its threads start, so that a
+ * switch of sarathi_fused_avx512 (tests, benchmarks) falls between ops, never within one. */
+typedef enum { F32, BF16_AVX2, BF16_AVX512 } vectors_t;
+
+static vectors_t vectors_for(int is_bf16) {
+    return !is_bf16 ? F32 : sarathi_fused_avx512 ? BF16_AVX512 : BF16_AVX2;
 }
 
-static inline void *at_out(void *p, int64_t elements, int is_bf16) {
-    return (char *)p + elements * (is_bf16 ? 2 : 4);
+static inline const void *at(const void *p, int64_t elements, vectors_t v) {
+    return (const char *)p + elements * (v == F32 ? 4 : 2);
+}
+
+static inline void *at_out(void *p, int64_t elements, vectors_t v) {
+    return (char *)p + elements * (v == F32 ? 4 : 2);
 }
 
 /* Each op: its rows [first, end) (one thread's share), then the op over every row, on the
@@ -54,12 +62,12 @@ static inline void *at_out(void *p, int64_t elements, int is_bf16) {
  * are microseconds) or over the threads. */
 
 static void rms_norm_rows(const void *x, int64_t ld_x, const void *w, int64_t hidden, float eps,
-                          void *out, int is_bf16, int64_t first, int64_t end) {
-    const void *in = at(x, first * ld_x, is_bf16);
-    void *dst = at_out(out, first * hidden, is_bf16);
-    if (is_bf16 && sarathi_fused_avx512)
+                          void *out, vectors_t v, int64_t first, int64_t end) {
+    const void *in = at(x, first * ld_x, v);
+    void *dst = at_out(out, first * hidden, v);
+    if (v == BF16_AVX512)
         fused_rms_norm_bf16_avx512(in, end - first, ld_x, w, hidden, eps, dst);
-    else if (is_bf16)
+    else if (v == BF16_AVX2)
         fused_rms_norm_bf16(in, end - first, ld_x, w, hidden, eps, dst);
     else
         fused_rms_norm_f32(in, end - first, ld_x, w, hidden, eps, dst);
@@ -68,27 +76,28 @@ static void rms_norm_rows(const void *x, int64_t ld_x, const void *w, int64_t hi
 void fused_rms_norm(const void *x, int64_t rows, int64_t ld_x, const void *w, int64_t hidden,
                     float eps, void *out, int is_bf16, int num_threads) {
     const int threads = threads_for(rows, rows * hidden, num_threads);
+    const vectors_t v = vectors_for(is_bf16);
     if (threads == 1) {
-        rms_norm_rows(x, ld_x, w, hidden, eps, out, is_bf16, 0, rows);
+        rms_norm_rows(x, ld_x, w, hidden, eps, out, v, 0, rows);
         return;
     }
 #pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(rows, &first, &end);
-        rms_norm_rows(x, ld_x, w, hidden, eps, out, is_bf16, first, end);
+        rms_norm_rows(x, ld_x, w, hidden, eps, out, v, first, end);
     }
 }
 
 static void rotary_rows(const void *x, int64_t heads, int64_t head_dim, int64_t ld_token,
-                        int64_t ld_head, const void *cos, const void *sin, void *out, int is_bf16,
+                        int64_t ld_head, const void *cos, const void *sin, void *out, vectors_t v,
                         int64_t first, int64_t end) {
-    const void *in = at(x, first * ld_token, is_bf16);
-    const void *c = at(cos, first * head_dim, is_bf16), *s = at(sin, first * head_dim, is_bf16);
-    void *dst = at_out(out, first * heads * head_dim, is_bf16);
-    if (is_bf16 && sarathi_fused_avx512)
+    const void *in = at(x, first * ld_token, v);
+    const void *c = at(cos, first * head_dim, v), *s = at(sin, first * head_dim, v);
+    void *dst = at_out(out, first * heads * head_dim, v);
+    if (v == BF16_AVX512)
         fused_rotary_bf16_avx512(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
-    else if (is_bf16)
+    else if (v == BF16_AVX2)
         fused_rotary_bf16(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
     else
         fused_rotary_f32(in, end - first, heads, head_dim, ld_token, ld_head, c, s, dst);
@@ -98,25 +107,26 @@ void fused_rotary(const void *x, int64_t tokens, int64_t heads, int64_t head_dim
                   int64_t ld_token, int64_t ld_head, const void *cos, const void *sin,
                   void *out, int is_bf16, int num_threads) {
     const int threads = threads_for(tokens, tokens * heads * head_dim, num_threads);
+    const vectors_t v = vectors_for(is_bf16);
     if (threads == 1) {
-        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, is_bf16, 0, tokens);
+        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, v, 0, tokens);
         return;
     }
 #pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(tokens, &first, &end);
-        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, is_bf16, first, end);
+        rotary_rows(x, heads, head_dim, ld_token, ld_head, cos, sin, out, v, first, end);
     }
 }
 
-static void silu_mul_rows(const void *x, int64_t ld_x, int64_t width, void *out, int is_bf16,
+static void silu_mul_rows(const void *x, int64_t ld_x, int64_t width, void *out, vectors_t v,
                           int64_t first, int64_t end) {
-    const void *in = at(x, first * ld_x, is_bf16);
-    void *dst = at_out(out, first * width, is_bf16);
-    if (is_bf16 && sarathi_fused_avx512)
+    const void *in = at(x, first * ld_x, v);
+    void *dst = at_out(out, first * width, v);
+    if (v == BF16_AVX512)
         fused_silu_mul_bf16_avx512(in, end - first, ld_x, width, dst);
-    else if (is_bf16)
+    else if (v == BF16_AVX2)
         fused_silu_mul_bf16(in, end - first, ld_x, width, dst);
     else
         fused_silu_mul_f32(in, end - first, ld_x, width, dst);
@@ -125,15 +135,16 @@ static void silu_mul_rows(const void *x, int64_t ld_x, int64_t width, void *out,
 void fused_silu_mul(const void *x, int64_t rows, int64_t ld_x, int64_t width, void *out,
                     int is_bf16, int num_threads) {
     const int threads = threads_for(rows, rows * width, num_threads);
+    const vectors_t v = vectors_for(is_bf16);
     if (threads == 1) {
-        silu_mul_rows(x, ld_x, width, out, is_bf16, 0, rows);
+        silu_mul_rows(x, ld_x, width, out, v, 0, rows);
         return;
     }
 #pragma omp parallel num_threads(threads)
     {
         int64_t first, end;
         my_rows(rows, &first, &end);
-        silu_mul_rows(x, ld_x, width, out, is_bf16, first, end);
+        silu_mul_rows(x, ld_x, width, out, v, first, end);
     }
 }
 

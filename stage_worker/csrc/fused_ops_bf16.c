@@ -12,7 +12,8 @@
  * the rounding's integer work costs more than the arithmetic either way. They are written out
  * so that each dtype has one plain pass per op, like fused_ops_f32.c; what made a bf16 prompt
  * step faster is fused_ops.c sharing the rows over the threads (BENCHMARKS "bf16 fused ops on
- * every thread"). AVX-512's one-instruction rounding (vcvtneps2bf16) is the next step.
+ * every thread"). Where the CPU has AVX-512 with bf16, fused_ops_bf16_avx512.c runs instead:
+ * its one-instruction rounding (vcvtneps2bf16) made the chain 2.3x-2.8x faster there.
  */
 #include <math.h>
 #include <stdint.h>

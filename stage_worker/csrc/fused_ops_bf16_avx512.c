@@ -51,11 +51,6 @@ static inline __m512 minus_abs(__m512 v) {
         _mm512_or_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)));
 }
 
-/* The first n lanes of 16. */
-static inline __mmask16 first_lanes(int64_t n) {
-    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
-
 void fused_rms_norm_bf16_avx512(const uint16_t *x, int64_t rows, int64_t ld_x,
                                 const uint16_t *w, int64_t hidden, float eps, uint16_t *out) {
     for (int64_t row = 0; row < rows; ++row) {
@@ -69,13 +64,13 @@ void fused_rms_norm_bf16_avx512(const uint16_t *x, int64_t rows, int64_t ld_x,
             acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(b, b));
         }
         for (; i < hidden; i += 16) { /* masked lanes load as zeros */
-            const __m512 a = load16_bf16(in + i, first_lanes(hidden - i));
+            const __m512 a = load16_bf16(in + i, first16(hidden - i));
             acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(a, a));
         }
         const float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
         const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(sum / (float)hidden + eps));
         for (i = 0; i < hidden; i += 16) {
-            const __mmask16 m = first_lanes(hidden - i);
+            const __mmask16 m = first16(hidden - i);
             const __m512 normed = round16(_mm512_mul_ps(load16_bf16(in + i, m), inv)); /* dtype */
             store16_bf16(dst + i, _mm512_mul_ps(normed, load16_bf16(w + i, m)), m);
         }
@@ -93,7 +88,7 @@ void fused_rotary_bf16_avx512(const uint16_t *x, int64_t tokens, int64_t heads,
             uint16_t *o = out + (t * heads + h) * head_dim;
             /* x * cos + cat(-x2, x1) * sin: each product rounded, then their sum */
             for (int64_t d = 0; d < half; d += 16) {
-                const __mmask16 m = first_lanes(half - d);
+                const __mmask16 m = first16(half - d);
                 const __m512 x1 = load16_bf16(v + d, m), x2 = load16_bf16(v + half + d, m);
                 const __m512 neg_x2 = negated(x2);
                 store16_bf16(o + d,
@@ -117,7 +112,7 @@ void fused_silu_mul_bf16_avx512(const uint16_t *x, int64_t rows, int64_t ld_x, i
         const uint16_t *gate = x + row * ld_x, *up = gate + width;
         uint16_t *dst = out + row * width;
         for (int64_t i = 0; i < width; i += 16) {
-            const __mmask16 m = first_lanes(width - i);
+            const __mmask16 m = first16(width - i);
             const __m512 g = load16_bf16(gate + i, m);
             /* g * sigmoid(g), from e = exp(-|g|) so that exp never overflows */
             const __m512 e = exp512(minus_abs(g));

@@ -51,6 +51,9 @@
 #define UNROLLED_ALL _Pragma("GCC unroll 32") /* arrays of up to 32 vectors */
 #endif
 
+/* The widest head the attention kernels take (module.c refuses wider ones). */
+#define SARATHI_MAX_HEAD_DIM 256
+
 /* Query vectors the attention kernels take together in a tile of a prompt chunk's tokens
  * (chunk_attention_avx2.c, chunk_attention_avx512.c; a token has `group` of them, its query
  * heads of one KV head): tiles of sarathi_tile_tokens(group) tokens, at least one. */

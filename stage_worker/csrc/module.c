@@ -208,7 +208,7 @@ static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
     if (k.shape[3] != head_dim) return fail("k_cache", "head_dim differs from q's"), NULL;
     if (hkv < 1 || block_size < 1 || hq % hkv != 0 || hq / hkv > 64)
         return fail("q", "query heads must be 1 to 64 times the KV heads"), NULL;
-    if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 256)
+    if (head_dim % 16 != 0 || head_dim < 16 || head_dim > SARATHI_MAX_HEAD_DIM)
         return fail("q", "head_dim must be a multiple of 16 from 16 to 256"), NULL;
     if (scratch.is_bf16) return fail("scratch", "dtype must be float32"), NULL;
     if (table.shape[0] != tokens || lens.shape[0] != tokens)

@@ -113,7 +113,7 @@ score_pass(const char *q, const char *kc, const char *vc, const int64_t *table, 
         const int64_t next = len - pos0 - n < 16 ? len - pos0 - n : 16;
         prefetch_rows(kc, &keys_ahead, block_size, next, head_dim * elem, 0);
         prefetch_rows(vc, &values_ahead, block_size, n, head_dim * elem, 1);
-        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __mmask16 m = first16(n);
         const char *rows[16];
         for (int64_t p = 0; p < 16; ++p) /* past len: the first row again, masked off */
             rows[p] = p < n ? kc + next_row(&walk, block_size) : rows[0];

@@ -392,6 +392,7 @@ def test_a_layout_that_fails_is_left_out_and_the_others_measured(
 # decodes): budget_fit puts bf16's budget at 128 and float32's at 32 (test_budget_fit.py).
 ZEN5_BF16 = (121.3, 14.6)
 ZEN5_FLOAT32 = (268.6, 11.6)
+ZEN1_FLOAT32 = (828.0, 19.1)  # session 23's: no budget's step within 5 decode steps
 
 
 def pp1(ttft_tpot: tuple[float, float], dtype: str, prompt_tokens: int = 256) -> LayoutFigures:
@@ -448,3 +449,24 @@ def test_a_measurement_from_before_the_fit_keeps_the_constant_budget_and_says_ho
     assert (config.pp, config.budget_tokens) == (1, layout_choice.PP1_LAYOUT.budget_tokens)
     said = up.describe_layout(config, args)
     assert "`sarathictl tune-layout` again fits it to this machine" in said
+
+
+def test_where_no_budget_fits_up_takes_the_smallest_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path
+) -> None:
+    monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    path = tmp_path / "layouts.json"
+    slow = MeasuredLayout(1, "float32", "2026-11-26", "a run", (pp1(ZEN1_FLOAT32, "float32"),))
+    write_measured(path, machine_key(str(model_dir), "float32"), slow)
+    args = up_args(model_dir, path, "--dtype", "float32")
+    config = up.cluster_config(args, port=0)
+    assert config.budget_tokens == 32
+    said = up.describe_layout(config, args)
+    assert "budget 32: fitted" in said and "the smallest there is: even its step" in said
+    assert "stays within" not in said
+    # figures that admit no line are named as such, not as a file from before the fit
+    noise = MeasuredLayout(1, "float32", "2026-11-26", "a run", (pp1((10.0, 19.1), "float32"),))
+    write_measured(path, machine_key(str(model_dir), "float32"), noise)
+    config = up.cluster_config(args, port=0)
+    assert config.budget_tokens == layout_choice.PP1_LAYOUT.budget_tokens
+    assert "admit no fit" in up.describe_layout(config, args)

@@ -11,9 +11,16 @@ served 1.11x the requests at saturation while its P99 TBT stayed inside the stri
 
 The rule: the largest budget whose step, predicted from the lone request, takes at most
 STRICT_TBT_MULTIPLE times a lone decode step, so that a decode riding with a full chunk waits
-no longer than the strict TBT SLO allows. That SLO is `make bench-vs-vllm`'s: 5x a lightly
-loaded decode step (vLLM's median TBT at 0.25 req/s). The paper's is 5x a decode step of a
-batch of 32, which on a CPU is about 3x a lone one: looser, and a larger budget.
+no longer than a strict TBT SLO allows. The unit is our own lone decode step, the one this
+machine's figures give; `make bench-vs-vllm` sets its strict SLO at 5x vLLM's median TBT at
+0.25 req/s, a lightly loaded decode step of about the same size. The paper's is 5x a decode
+step of a batch of 32, which on a CPU is about 3x a lone one: looser, and a larger budget.
+
+What the line leaves out, all of it on the side of smaller budgets: the 256-token step's
+attention grows with the square of its length and the request's own overhead rides in the
+TTFT, so both count as cost per token and a short chunk is predicted dearer than it is (on the
+Zen 1 EPYC's figures, 219 ms for 64 tokens, where 150 was measured in session 12); and the
+decodes that ride in a step are counted only as tokens.
 """
 
 from __future__ import annotations

@@ -147,16 +147,24 @@ def fitted_layout(figures: LayoutFigures) -> AutoLayout:
         return layout
     fit = figures.step_fit()
     if fit is None:
-        why = f"{layout.why_budget}; `sarathictl tune-layout` again fits it to this machine"
-        return dataclasses.replace(layout, why_budget=why)
+        why = (
+            "`sarathictl tune-layout` again fits it to this machine"
+            if figures.prompt_tokens == 0  # measured before the fit existed
+            else "the measured figures admit no fit (a TTFT no longer than its decodes: noise)"
+        )
+        return dataclasses.replace(layout, why_budget=f"{layout.why_budget}; {why}")
     budget = fitted_budget(fit)
-    limit_ms = STRICT_TBT_MULTIPLE * fit.step_ms(1)
+    step_ms, limit_ms = fit.step_ms(budget), STRICT_TBT_MULTIPLE * fit.step_ms(1)
+    rule = (
+        f"the largest whose step, about {step_ms:.0f} ms, stays within"
+        if step_ms <= limit_ms
+        else f"the smallest there is: even its step, about {step_ms:.0f} ms, exceeds"
+    )
     why = (
         f"budget {budget}: fitted to the steps `sarathictl tune-layout` measured here (about "
-        f"{fit.fixed_ms:.1f} ms a step and {fit.per_token_ms:.3f} ms a token): the largest "
-        f"whose step, about {fit.step_ms(budget):.0f} ms, stays within {STRICT_TBT_MULTIPLE:g}x "
-        f"a lone decode step ({limit_ms:.0f} ms: a strict TBT SLO), so that fewer steps pay "
-        "the fixed cost while decodes keep their pace (--budget to choose)"
+        f"{fit.fixed_ms:.1f} ms a step and {fit.per_token_ms:.3f} ms a token): {rule} "
+        f"{STRICT_TBT_MULTIPLE:g}x a lone decode step ({limit_ms:.0f} ms: a strict TBT SLO), so "
+        "that fewer steps pay the fixed cost while decodes keep their pace (--budget to choose)"
     )
     return dataclasses.replace(layout, budget_tokens=budget, why_budget=why)
 

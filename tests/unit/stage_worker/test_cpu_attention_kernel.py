@@ -140,6 +140,8 @@ beside decodes (chunks of one token)."""
         (10, 2, 80, 16),  # 5 query heads a KV head: tiles of 4 tokens, 20 vectors
         (7, 1, 32, 1),  # 7 query heads: tiles of 3 tokens; one-row blocks: no tile of 4 rows
         (29, 1, 64, 16),  # Falcon-180B's TP-4 group: one token a tile, the per-token path
+        (8, 2, 128, 16),  # Mistral-7B's head size: 64 key pairs, 8 value vectors a row
+        (4, 1, 256, 16),  # the widest head the kernels take: 16 value vectors a row
     ],
 )
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -156,6 +158,21 @@ def test_prompt_chunks_match_the_torch_path(
     assert got.dtype == dtype
     want = _reference(q, k_cache, v_cache, table, lens)
     torch.testing.assert_close(got.float(), want, **_tolerance(dtype))  # type: ignore[arg-type]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_later_tokens_value_does_not_reach_an_earlier_token(dtype: torch.dtype) -> None:
+    """Causal in values too: a chunk's tokens share a tile, and the tile reads rows up to its
+    last token's; a non-finite value in the last token's row must leave the others finite."""
+    skip_unless_taken(dtype)
+    q, k_cache, v_cache, table, lens = _chunk_case([(0, 8)], 9, 3, 64, BLOCK_SIZE, 3, dtype)
+    last = int(lens[-1]) - 1  # position 7: only the chunk's last token attends it
+    v_cache[table[0, last // BLOCK_SIZE], last % BLOCK_SIZE] = float("inf")
+    scratch = torch.empty(cpu_kernel.scratch_floats(9, 3, int(lens.max()), 1))
+    got = cpu_kernel.attend(q, k_cache, v_cache, table, lens, scratch, 1)
+    assert got[:-1].isfinite().all()
+    assert not got[-1].isfinite().all()
 
 
 @needs_kernel
