@@ -69,3 +69,10 @@ def test_every_budget_choice_is_one_the_scheduler_and_up_s_idle_budget_take() ->
     tile = SchedulerConfig().tile_tokens
     assert all(b % tile == 0 for b in BUDGET_CHOICES)
     assert max(BUDGET_CHOICES) <= layout_choice.IDLE_BUDGET_TOKENS  # idle >= budget
+
+
+@pytest.mark.parametrize(("one_stage", "pipeline"), [(32, 32), (64, 32), (128, 64), (512, 256)])
+def test_a_pipeline_runs_half_the_one_stage_budget_and_never_under_the_tile(
+    one_stage: int, pipeline: int
+) -> None:
+    assert layout_choice.pipeline_budget(one_stage) == pipeline

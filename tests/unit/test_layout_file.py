@@ -428,12 +428,22 @@ def test_up_runs_pp1_at_the_budget_fitted_to_the_measured_steps_and_says_why(
     chosen = up.cluster_config(chosen_args, port=0)
     assert chosen.budget_tokens == 96
     assert "fitted" not in up.describe_layout(chosen, chosen_args)
-    # the pipeline wins: --pp 1 given still runs the fitted budget; the pipeline keeps its own
+    # the pipeline wins: it runs half the one stage's budget (a decode's next token waits on
+    # both stages), and --pp 1 given still runs the one stage's
     won_pp2 = dataclasses.replace(won_pp1, pp=2, figures=(both[0], pp2("bfloat16", 3.5)))
     write_measured(path, machine_key(str(model_dir), "auto"), won_pp2)
-    assert up.cluster_config(args, port=0).budget_tokens == layout_choice.PP2_LAYOUT.budget_tokens
+    pipeline = up.cluster_config(args, port=0)
+    assert (pipeline.pp, pipeline.budget_tokens) == (2, 64)
+    assert "budget 64: half the budget fitted to this machine's one-stage steps (128)" in (
+        up.describe_layout(pipeline, args)
+    )
     given = up.cluster_config(up_args(model_dir, path, "--pp", "1"), port=0)
     assert (given.pp, given.budget_tokens) == (1, 128)
+    # without a PP=1 measurement of its dtype the pipeline keeps its constant
+    alone = dataclasses.replace(won_pp2, figures=(pp2("bfloat16", 3.5), both[2]))
+    write_measured(path, machine_key(str(model_dir), "auto"), alone)
+    kept = up.cluster_config(args, port=0)
+    assert kept.budget_tokens == layout_choice.PP2_LAYOUT.budget_tokens
 
 
 def test_a_measurement_from_before_the_fit_keeps_the_constant_budget_and_says_how_to_fit(

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sarathictl.budget_fit import STRICT_TBT_MULTIPLE, fitted_budget
+from sarathictl.budget_fit import BUDGET_CHOICES, STRICT_TBT_MULTIPLE, fitted_budget
 from sarathictl.layout_file import (
     LayoutFigures,
     LayoutFileError,
@@ -138,10 +138,13 @@ class LayoutChoice:
         return LAYOUTS.get(pp) if device == "cpu" else None
 
 
-def fitted_layout(figures: LayoutFigures) -> AutoLayout:
-    """The named layout of `figures`' depth, at PP=1 with its budget fitted to the steps those
-    figures measured (budget_fit.py). A pipeline keeps its budget: a lone request's TTFT there
-    overlaps its chunks across the stages, which the fit's line does not model."""
+def fitted_layout(figures: LayoutFigures, one_stage: LayoutFigures | None = None) -> AutoLayout:
+    """The named layout of `figures`' depth with its budget fitted to the steps tune-layout
+    measured (budget_fit.py): at PP=1 from those figures; at PP=2 half of what `one_stage` (the
+    PP=1 figures of the same dtype) fits, for a pipeline's lone TTFT overlaps its chunks across
+    the stages, which the fit's line does not model (pipeline_budget says why half)."""
+    if figures.pp == 2:
+        return _pipeline_layout(one_stage)
     layout = LAYOUTS[figures.pp]
     if figures.pp != 1:
         return layout
@@ -167,6 +170,30 @@ def fitted_layout(figures: LayoutFigures) -> AutoLayout:
         "that fewer steps pay the fixed cost while decodes keep their pace (--budget to choose)"
     )
     return dataclasses.replace(layout, budget_tokens=budget, why_budget=why)
+
+
+def _pipeline_layout(one_stage: LayoutFigures | None) -> AutoLayout:
+    """PP2_LAYOUT at pipeline_budget of the PP=1 budget `one_stage` fits; as it is without a
+    fit."""
+    if one_stage is None or one_stage.step_fit() is None:
+        return PP2_LAYOUT
+    one_stage_budget = fitted_layout(one_stage).budget_tokens
+    budget = pipeline_budget(one_stage_budget)
+    why = (
+        f"budget {budget}: half the budget fitted to this machine's one-stage steps "
+        f"({one_stage_budget}), since a decode's next token waits on both stages, each "
+        "about as long as the one stage at the same budget (--budget to choose)"
+    )
+    return dataclasses.replace(PP2_LAYOUT, budget_tokens=budget, why_budget=why)
+
+
+def pipeline_budget(one_stage_budget: int) -> int:
+    """A two-stage pipeline's budget where one stage on every core fits `one_stage_budget`: a
+    stage holds half the layers on half the cores, so its step takes about what the one stage's
+    does at the same budget, and a decode's time between tokens is both stages' steps: half the
+    budget keeps it. Measured on the Zen 5 EPYC (BENCHMARKS, session 27): at 64 the pipeline
+    served 1.5 req/s under the strict SLO, at 128 0.25."""
+    return max(BUDGET_CHOICES[0], one_stage_budget // 2)
 
 
 def machine_layout(
@@ -198,7 +225,7 @@ def machine_layout(
     won = measured.best_at(pp or measured.pp)
     if won is None:  # a depth tune-layout does not run
         return rule
-    fitted = fitted_layout(won)
+    fitted = fitted_layout(won, measured.one_stage(won.dtype))
     chosen = fitted if fitted.pp == measured.pp else LAYOUTS[measured.pp]
     auto = dataclasses.replace(
         chosen,

@@ -158,6 +158,10 @@ class MeasuredLayout:
         at = tuple(f for f in self.figures if f.pp == pp)
         return choose(at) if at else None
 
+    def one_stage(self, dtype: str) -> LayoutFigures | None:
+        """The PP=1 layout of `dtype`, whose steps the budgets are fitted to; None if not run."""
+        return next((f for f in self.figures if (f.pp, f.dtype) == (1, dtype)), None)
+
     def only(self, dtype: str) -> MeasuredLayout | None:
         """The measurement as if only `dtype`'s layouts had been run (for `up --dtype NAME`
         where --dtype auto was measured): the winner if it is of that dtype, else the best of

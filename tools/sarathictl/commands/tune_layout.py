@@ -292,7 +292,11 @@ def run(args: argparse.Namespace) -> int:
             f"\n`sarathictl up --local{dtype_flag}` runs {won.name} on this machine (this "
             f"model) from now on: {measured.why()}. Written to {path}."
         )
-        one_stage = measured.best_at(1)
-        if one_stage is not None:
-            print(f"At PP=1 ({one_stage.dtype}), {fitted_layout(one_stage).why_budget}.")
+        for pp in (1, 2):
+            at = measured.best_at(pp)
+            if at is None:
+                continue
+            why = fitted_layout(at, measured.one_stage(at.dtype)).why_budget
+            if why:
+                print(f"At PP={pp} ({at.dtype}), {why}.")
     return 0
