@@ -145,9 +145,7 @@ def fitted_layout(figures: LayoutFigures, one_stage: LayoutFigures | None = None
     the stages, which the fit's line does not model (pipeline_budget says why half)."""
     if figures.pp == 2:
         return _pipeline_layout(one_stage)
-    layout = LAYOUTS[figures.pp]
-    if figures.pp != 1:
-        return layout
+    layout = PP1_LAYOUT  # the depths tune-layout runs: 1 and 2
     fit = figures.step_fit()
     if fit is None:
         why = (
