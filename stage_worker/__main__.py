@@ -188,8 +188,9 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
         "--cpu-layer-loop",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CPU float32, Llama family, TP=1: the layers as one loop over the C kernels, "
-        "without a module call per layer part (--no-cpu-layer-loop: the modules)",
+        help="CPU float32 or bf16, Llama family, TP=1: the layers as one loop over the C "
+        "kernels and matmuls, without a module call per layer part (--no-cpu-layer-loop: "
+        "the modules)",
     )
 
 

@@ -1,8 +1,8 @@
-"""A CPU float32 stage's step with its layers as module calls against the layer loop
+"""A CPU stage's step with its layers as module calls against the layer loop
 (stage_worker/models/llama_cpu_loop.py), alternated in one process.
 
     PYTHONPATH=tools:. python tools/bench_cpu_layer_loop.py [--model demo] [--decodes 1,4,16]
-        [--prefills 64,128] [--rounds 6]
+        [--prefills 64,128] [--rounds 6] [--dtype float32|bfloat16]
 
 A step is what the last stage of a worker computes: embedding, every layer, the final norm and
 the LM head of each sequence's last token. The two paths alternate in rounds (modules first in
@@ -92,21 +92,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--context-tokens", type=positive, default=256, help="each decode's context")
     p.add_argument("--rounds", type=positive, default=6)
     p.add_argument("--threads", type=int_at_least(0), default=0, help="0: torch's default")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
     reader = CheckpointReader(model_dir)
     shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
-    model = build_stage(load_spec(model_dir), shard, TPGroup(), "cpu", torch.float32, reader)
+    dtype = getattr(torch, args.dtype)
+    model = build_stage(load_spec(model_dir), shard, TPGroup(), "cpu", dtype, reader)
     reader.close()
     if not isinstance(model, LlamaStage) or model.layer_loop is None:
-        print("the layer loop does not apply here (a Llama model, x86-64 with AVX2 + FMA)")
+        print(
+            "the layer loop does not apply here (a Llama model, x86-64 with AVX2 + FMA; "
+            "bf16: AVX-512 with bf16)"
+        )
         return 1
     chunk = max((*args.prefills, 1))
     bench = StageBench(model, args.context_tokens, "torch", max((*args.decodes, 1)), chunk)
     run = step_runner(model, bench)
-    print(f"{torch.get_num_threads()} threads, decodes over {args.context_tokens} tokens\n")
+    threads = torch.get_num_threads()
+    print(f"{args.dtype}, {threads} threads, decodes over {args.context_tokens} tokens\n")
     print("| step | tokens | same bits | modules ms | loop ms | modules / loop | each round |")
     print("|---|---:|---|---:|---:|---:|---|")
     points = [("decode", n, bench.decode_seqs(n)) for n in args.decodes]

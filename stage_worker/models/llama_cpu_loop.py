@@ -1,25 +1,30 @@
-"""A Llama stage's decoder layers on the CPU in float32 as one plain loop over the package's C
-kernels: the kernels LlamaLayer.forward reaches, in the same order, on the same values, with the
-Python between them cut to what the loop itself needs.
+"""A Llama stage's decoder layers on the CPU as one plain loop over the package's C kernels and
+the layers' matmuls: the kernels LlamaLayer.forward reaches, in the same order, on the same
+values, with the Python between them cut to what the loop itself needs.
 
 Why: on a 2-core CPU a decode step's kernels are short, and what lies between them is not.
 `perf` on a warm stage (SmolLM2-135M, float32, an AVX2 EPYC) had the main thread in Python and
 torch's dispatch for 36% of a decode step while the other core waited in OpenMP: a module call
 per layer part, a DLPack capsule per tensor per kernel call, a fresh tensor per op, views and
-splits (BENCHMARKS "A layer loop over the C kernels"). Here the weights' capsules are made
-once, at load, and a step's buffers and their capsules once for all of its layers.
+splits (BENCHMARKS "A layer loop over the C kernels"). Here the weights are taken once, at load,
+and a step's buffers and their capsules once for all of its layers. In bf16 the same cut saves
+1.7 to 3.1 ms a step of the demo model on the AVX512-BF16 EPYC (BENCHMARKS "The layer loop in
+bf16").
 
-When: a Llama stage with TP=1 (nothing to all-reduce) in float32 on the CPU, every linear layer
-packed for the AVX2 matmul kernel, the fused ops on, and the step prepared for the attention
-kernel. Anything else runs the layers' modules, as does `--no-cpu-layer-loop` (to compare). Both
-give the same hidden states bit for bit (tests/unit/stage_worker/test_cpu_layer_loop.py).
+When: a Llama stage with TP=1 (nothing to all-reduce) on the CPU, the fused ops on, the step
+prepared for the attention kernel, and either
+- float32, every linear layer packed for the AVX2 matmul kernel (cpu_matmul.py), or
+- bfloat16, every linear layer packed for oneDNN (onednn.py; not with --small-batch-kernel).
+Anything else runs the layers' modules, as does `--no-cpu-layer-loop` (to compare). Both give
+the same hidden states bit for bit (tests/unit/stage_worker/test_cpu_layer_loop.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -27,7 +32,7 @@ from stage_worker import native
 from stage_worker.attention import AttentionBackend, AttentionMetadata
 from stage_worker.attention.torch_backend import KernelStep
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import cpu_matmul, fused, linear
+from stage_worker.layers import cpu_matmul, fused, linear, onednn
 from stage_worker.step_timer import TimedAttention, clock
 
 if TYPE_CHECKING:
@@ -44,14 +49,15 @@ def set_enabled(on: bool) -> None:
 
 @dataclass(frozen=True)
 class _LayerWeights:
-    """One layer's weights as capsules for the C kernels (each holds its tensor alive)."""
+    """One layer's weights as the loop hands them over: the norms as capsules for the C
+    kernels (each holds its tensor alive), the matmuls' as their _Matmuls takes them."""
 
     input_norm: object  # [H]
     post_norm: object  # [H]
-    qkv: object  # panels of [(nq + 2 nkv) * D, H]
-    o_proj: object  # panels of [H, nq * D]
-    gate_up: object  # panels of [2F, H]
-    down: object  # panels of [H, F]
+    qkv: object  # [(nq + 2 nkv) * D, H]
+    o_proj: object  # [H, nq * D]
+    gate_up: object  # [2F, H]
+    down: object  # [H, F]
     eps: float  # both norms' (the spec's norm_eps)
 
 
@@ -68,54 +74,117 @@ class _Shape:
 
 class _StepBuffers:
     """A step's activations, each allocated once and overwritten by every layer; `x` is the
-    residual stream, updated in place (o_proj and down add their products to it in the matmul
-    kernel). The capsules are of these tensors (or views of them)."""
+    residual stream, updated in place. The capsules are of these tensors (or views of them).
+    The qkv and gate_up products are the latest layer's: buffers of their own in float32,
+    oneDNN's fresh outputs in bf16 (take_qkv, take_gate_up)."""
 
-    def __init__(
-        self,
-        hidden: torch.Tensor,
-        shape: _Shape,
-        cos_sin: tuple[torch.Tensor, ...],
-        silu_in_matmul: bool,
-    ) -> None:
-        t, h, d = hidden.shape[0], shape.hidden, shape.head_dim
+    def __init__(self, hidden: torch.Tensor, shape: _Shape, cos_sin: tuple[torch.Tensor, ...]):
+        t, h, d, dtype = hidden.shape[0], shape.hidden, shape.head_dim, hidden.dtype
         nq, nkv = shape.q_heads, shape.kv_heads
+        self.shape = shape
         self.x = hidden.clone(memory_format=torch.contiguous_format)  # [T, H]: not the caller's
-        normed = torch.empty(t, h)
-        qkv = torch.empty(t, (nq + 2 * nkv) * d)
-        qk = torch.empty(t, nq + nkv, d)  # rotated: q heads, then k heads
+        self.normed = torch.empty(t, h, dtype=dtype)
+        qk = torch.empty(t, nq + nkv, d, dtype=dtype)  # rotated: q heads, then k heads
         self.k = qk[:, nq:]  # [T, nkv, D]
-        self.v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # [T, nkv, D]
         self.q_rotated = qk[:, :nq]  # [T, nq, D], strided
-        self.q = torch.empty(t, nq, d)  # the same, contiguous, as the attention kernel reads it
-        attended = torch.empty(t, nq, d)
-        # [T, 2F]: the gate_up product, where SiLU is a pass of its own
-        gate_up = None if silu_in_matmul else torch.empty(t, 2 * shape.ffn)
-        act = torch.empty(t, shape.ffn)
+        self.q = torch.empty(t, nq, d, dtype=dtype)  # the same, contiguous, as attention reads it
+        attended = torch.empty(t, nq, d, dtype=dtype)
+        self.attended_rows = attended.view(t, nq * d)  # as o_proj reads it
+        self.act = torch.empty(t, shape.ffn, dtype=dtype)
         cos, sin = cos_sin  # [T, 1, D] each
         capsule = native.capsule
-        self.c_x, self.c_normed, self.c_qkv = capsule(self.x), capsule(normed), capsule(qkv)
-        self.c_qk_in = capsule(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d))
+        self.c_x, self.c_normed = capsule(self.x), capsule(self.normed)
         self.c_qk, self.c_q = capsule(qk), capsule(self.q)
         self.c_cos, self.c_sin = capsule(cos.flatten(1)), capsule(sin.flatten(1))
         self.c_attended = capsule(attended)  # as the attention kernel writes it
-        self.c_attended_rows = capsule(attended.view(t, nq * d))  # as o_proj reads it
-        self.c_act = capsule(act)
-        self.c_gate_up = None if gate_up is None else capsule(gate_up)
+        self.c_attended_rows = capsule(self.attended_rows)
+        self.c_act = capsule(self.act)
+        self.v = torch.empty(0)  # [T, nkv, D], a view of the latest qkv product
+        self.c_qkv: object = None
+        self.c_qk_in: object = None  # [T, nq + nkv, D] of the latest qkv product
+        self.c_gate_up: object = None
+
+    def take_qkv(self, qkv: torch.Tensor) -> None:
+        """qkv: [T, (nq + 2 nkv) * D], the q, k and v heads side by side."""
+        t, d = qkv.shape[0], self.shape.head_dim
+        nq, nkv = self.shape.q_heads, self.shape.kv_heads
+        self.v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # [T, nkv, D]
+        self.c_qkv = native.capsule(qkv)
+        self.c_qk_in = native.capsule(qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d))
+
+    def take_gate_up(self, gate_up: torch.Tensor) -> None:
+        """gate_up: [T, 2F], where SiLU is a pass of its own."""
+        self.c_gate_up = native.capsule(gate_up)
+
+
+class _Float32Matmuls:
+    """The package's AVX2 kernel on its panels (cpu_matmul.py): products into the step's own
+    buffers, o_proj's and down's added into the residual stream inside the kernel, and the gate
+    projection's SiLU applied there too where F fills whole panels of 16 outputs (its time then
+    counts as the linear layers')."""
+
+    def __init__(self, kernels: ModuleType, ffn: int) -> None:
+        self.kernels = kernels
+        self.silu_in_matmul = ffn % cpu_matmul.PANEL == 0
+
+    def new_step(self, b: _StepBuffers) -> None:
+        t, shape = b.x.shape[0], b.shape
+        b.take_qkv(torch.empty(t, (shape.q_heads + 2 * shape.kv_heads) * shape.head_dim))
+        if not self.silu_in_matmul:
+            b.take_gate_up(torch.empty(t, 2 * shape.ffn))
+
+    def qkv(self, b: _StepBuffers, w: object, threads: int) -> None:
+        self.kernels.sgemm_f32(b.c_normed, w, b.c_qkv, threads)
+
+    def add_o_proj(self, b: _StepBuffers, w: object, threads: int) -> None:
+        self.kernels.sgemm_f32(b.c_attended_rows, w, b.c_x, threads, True)  # x += o_proj
+
+    def gate_up(self, b: _StepBuffers, w: object, threads: int) -> None:
+        if self.silu_in_matmul:  # SiLU on the products in L1, on every thread
+            self.kernels.sgemm_f32_silu_mul(b.c_normed, w, b.c_act, threads)
+        else:
+            self.kernels.sgemm_f32(b.c_normed, w, b.c_gate_up, threads)
+
+    def add_down(self, b: _StepBuffers, w: object, threads: int) -> None:
+        self.kernels.sgemm_f32(b.c_act, w, b.c_x, threads, True)  # x += down
+
+
+class _OneDnnMatmuls:
+    """oneDNN's packed bf16 matmuls (onednn.py), on torch's threads: each product a fresh
+    tensor (the op writes no given buffer), added into the residual stream in place, rounded as
+    the modules' `x + o_proj(...)` rounds it."""
+
+    silu_in_matmul = False
+
+    def new_step(self, b: _StepBuffers) -> None:
+        pass
+
+    def qkv(self, b: _StepBuffers, w: object, threads: int) -> None:
+        b.take_qkv(onednn.linear(b.normed, cast(torch.Tensor, w)))
+
+    def add_o_proj(self, b: _StepBuffers, w: object, threads: int) -> None:
+        b.x.add_(onednn.linear(b.attended_rows, cast(torch.Tensor, w)))
+
+    def gate_up(self, b: _StepBuffers, w: object, threads: int) -> None:
+        b.take_gate_up(onednn.linear(b.normed, cast(torch.Tensor, w)))
+
+    def add_down(self, b: _StepBuffers, w: object, threads: int) -> None:
+        b.x.add_(onednn.linear(b.act, cast(torch.Tensor, w)))
 
 
 class CpuLayerLoop:
     """The layers of one Llama stage, run as a loop over the C kernels (see the module's doc)."""
 
-    def __init__(self, layers: Sequence[_LayerWeights], shape: _Shape) -> None:
+    def __init__(self, layers: Sequence[_LayerWeights], shape: _Shape, dtype: torch.dtype) -> None:
         self.layers = list(layers)
         self.shape = shape
+        self.dtype = dtype
         kernels = native.fused_kernels()
         assert kernels is not None, "CpuLayerLoop built where the C kernels do not run"
         self.kernels = kernels
-        # The gate_up matmul applies SiLU itself (sgemm_f32_silu_mul) where F fills whole
-        # panels of 16 outputs; its time then counts as the linear layers'.
-        self.silu_in_matmul = shape.ffn % cpu_matmul.PANEL == 0
+        self.matmuls: _Float32Matmuls | _OneDnnMatmuls = (
+            _Float32Matmuls(kernels, shape.ffn) if dtype == torch.float32 else _OneDnnMatmuls()
+        )
         self._caches: _CacheViews | None = None
 
     @classmethod
@@ -127,12 +196,12 @@ class CpuLayerLoop:
             _enabled
             and native.fused_kernels() is not None
             and model.tp.size == 1
-            and model.dtype == torch.float32
+            and model.dtype in (torch.float32, torch.bfloat16)
             and model.device == "cpu"
             and layers
         ):
             return None
-        weights = [_weights(layer) for layer in layers]
+        weights = [_weights(layer, model.dtype) for layer in layers]
         if any(w is None for w in weights):
             return None
         first = layers[0]
@@ -143,7 +212,11 @@ class CpuLayerLoop:
             model.spec.head_dim,
             first.ffn_local,
         )
-        return cls([w for w in weights if w is not None], shape)
+        return cls([w for w in weights if w is not None], shape, model.dtype)
+
+    @property
+    def silu_in_matmul(self) -> bool:
+        return self.matmuls.silu_in_matmul
 
     def step_for(
         self, hidden: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache
@@ -153,8 +226,8 @@ class CpuLayerLoop:
         if (
             not isinstance(step, KernelStep)
             or fused.kernels_for(hidden) is None  # --no-fused-ops: the modules' torch ops
-            or hidden.dtype != torch.float32
-            or kv_cache.data.dtype != torch.float32
+            or hidden.dtype != self.dtype
+            or kv_cache.data.dtype != self.dtype
             or not kv_cache.data.is_contiguous()
         ):
             return None
@@ -169,13 +242,13 @@ class CpuLayerLoop:
         step: KernelStep,
         attention: AttentionBackend,
     ) -> torch.Tensor:
-        """hidden: [T, H] -> [T, H] after every layer, as the modules compute it. The matmul
-        kernels' time goes to the linear layers' clock and the KV write and attention kernel's
-        to a TimedAttention, as the modules' would (stage_worker/step_timer.py)."""
-        b = _StepBuffers(hidden, self.shape, cos_sin, self.silu_in_matmul)
-        kernels, threads = self.kernels, torch.get_num_threads()
-        shape = self.shape
-        scale = shape.head_dim**-0.5
+        """hidden: [T, H] -> [T, H] after every layer, as the modules compute it. The matmuls'
+        time goes to the linear layers' clock and the KV write and attention kernel's to a
+        TimedAttention, as the modules' would (stage_worker/step_timer.py)."""
+        b = _StepBuffers(hidden, self.shape, cos_sin)
+        mm, kernels, threads = self.matmuls, self.kernels, torch.get_num_threads()
+        mm.new_step(b)
+        scale = self.shape.head_dim**-0.5
         slots = meta.slot_mapping  # [T] int64
         c_table, c_lens = native.capsule(step.block_table), native.capsule(step.context_lens)
         c_scratch = native.capsule(step.scratch)
@@ -186,7 +259,7 @@ class CpuLayerLoop:
         ):
             kernels.fused_rms_norm(b.c_x, w.input_norm, b.c_normed, w.eps, threads)
             t0 = clock()
-            kernels.sgemm_f32(b.c_normed, w.qkv, b.c_qkv, threads)
+            mm.qkv(b, w.qkv, threads)
             t1 = clock()
             kernels.fused_rotary(b.c_qk_in, b.c_cos, b.c_sin, b.c_qk, threads)
             t2 = clock()
@@ -198,19 +271,16 @@ class CpuLayerLoop:
                 step.threads,
             )  # fmt: skip
             t3 = clock()
-            kernels.sgemm_f32(b.c_attended_rows, w.o_proj, b.c_x, threads, True)  # x += o_proj
+            mm.add_o_proj(b, w.o_proj, threads)  # x += o_proj
             t4 = clock()
             kernels.fused_rms_norm(b.c_x, w.post_norm, b.c_normed, w.eps, threads)
             t5 = clock()
-            if self.silu_in_matmul:  # SiLU on the products in L1, on every thread
-                kernels.sgemm_f32_silu_mul(b.c_normed, w.gate_up, b.c_act, threads)
-                t6 = t7 = clock()
-            else:
-                kernels.sgemm_f32(b.c_normed, w.gate_up, b.c_gate_up, threads)
-                t6 = clock()
+            mm.gate_up(b, w.gate_up, threads)
+            t6 = clock()
+            if not mm.silu_in_matmul:
                 kernels.fused_silu_mul(b.c_gate_up, b.c_act, threads)
-                t7 = clock()
-            kernels.sgemm_f32(b.c_act, w.down, b.c_x, threads, True)  # x += down
+            t7 = clock()
+            mm.add_down(b, w.down, threads)  # x += down
             t8 = clock()
             linear_s += (t1 - t0) + (t4 - t3) + (t6 - t5) + (t8 - t7)
             attention_s += t3 - t2
@@ -242,15 +312,24 @@ class _CacheViews:
             )  # fmt: skip
 
 
-def _weights(layer: LlamaLayer) -> _LayerWeights | None:
-    """The layer's weights as capsules, or None where one of its matmuls is not on the float32
-    kernel (--no-cpu-matmul-kernel, a weight it did not take)."""
-    packed = [m.f32 for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
+    """The layer's weights for the loop, or None where one of its matmuls is not on the loop's
+    kernel: a float32 weight the AVX2 kernel did not take (--no-cpu-matmul-kernel), a bf16 one
+    oneDNN did not pack or that the small-batch kernel also reads (--small-batch-kernel)."""
+    mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = (layer.input_norm.weight.data, layer.post_norm.weight.data)
-    if any(p is None for p in packed) or not all(n.is_contiguous() for n in norms):
+    if not all(n.is_contiguous() for n in norms):
         return None
+    taken: list[object] = []
+    for m in mats:
+        if dtype == torch.float32 and m.f32 is not None:
+            taken.append(native.capsule(m.f32.panels))
+        elif dtype == torch.bfloat16 and m.weight.is_mkldnn and m.plain is None:
+            taken.append(m.weight)
+        else:
+            return None
+    qkv, o_proj, gate_up, down = taken
     capsule = native.capsule
-    qkv, o_proj, gate_up, down = (capsule(p.panels) for p in packed if p is not None)
     assert layer.input_norm.eps == layer.post_norm.eps
     return _LayerWeights(
         capsule(norms[0]), capsule(norms[1]), qkv, o_proj, gate_up, down, layer.input_norm.eps

@@ -1,7 +1,7 @@
-"""The layer loop (stage_worker/models/llama_cpu_loop.py) takes every step of a float32 Llama
-stage on a CPU with the C kernels and computes what the layers' modules compute, bit for bit:
-the same logits at every sampled position and the same KV cache, over prompts chunked beside
-other requests' decodes; and it stands aside wherever it does not apply."""
+"""The layer loop (stage_worker/models/llama_cpu_loop.py) takes every step of a float32 or
+bf16 Llama stage on a CPU with the C kernels and computes what the layers' modules compute, bit
+for bit: the same logits at every sampled position and the same KV cache, over prompts chunked
+beside other requests' decodes; and it stands aside wherever it does not apply."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stage_worker import native
-from stage_worker.layers import cpu_matmul, fused
+from stage_worker.layers import cpu_matmul, fused, gemv
 from stage_worker.models import llama_cpu_loop
 from stage_worker.models.llama import LlamaStage
 from stage_worker.models.llama_cpu_loop import CpuLayerLoop
@@ -49,25 +49,51 @@ def loop_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("silu_in_matmul", [True, False], ids=["silu-in-matmul", "silu-pass"])
+BF16_LOOP = pytest.param(
+    torch.bfloat16,
+    False,
+    id="bfloat16",
+    marks=pytest.mark.skipif(
+        native.kernels() is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        reason="bf16 attention kernel (AVX-512 with bf16) or oneDNN bf16 missing here",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "silu_in_matmul"),
+    [
+        pytest.param(torch.float32, True, id="float32-silu-in-matmul"),
+        pytest.param(torch.float32, False, id="float32-silu-pass"),
+        BF16_LOOP,
+    ],
+)
 @pytest.mark.parametrize("pp", [1, 2])
 def test_the_loop_takes_every_step_and_matches_the_modules(
-    pp: int, silu_in_matmul: bool, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
+    pp: int,
+    dtype: torch.dtype,
+    silu_in_matmul: bool,
+    tiny_checkpoint: Callable[[str], Path],
+    loop_calls: list[int],
 ) -> None:
     model_dir = tiny_checkpoint("llama")
     prompts = make_prompts(PROMPT_LENGTHS)
-    modules = make_runners(model_dir, pp, 32)
+    modules = make_runners(model_dir, pp, 32, dtype=dtype)
     for runner in modules:
         stage_model(runner).layer_loop = None
     expected = generate(modules, prompts, max_tokens=6)
     assert not loop_calls
 
-    looped = make_runners(model_dir, pp, 32)
+    looped = make_runners(model_dir, pp, 32, dtype=dtype)
     for runner in looped:
         loop = stage_model(runner).layer_loop
         assert loop is not None
-        assert loop.silu_in_matmul  # the tiny model's F = 96: whole panels of 16
-        loop.silu_in_matmul = silu_in_matmul  # the pass of its own, as where F is not
+        matmuls = loop.matmuls
+        if isinstance(matmuls, llama_cpu_loop._Float32Matmuls):
+            assert matmuls.silu_in_matmul  # the tiny model's F = 96: whole panels of 16
+            matmuls.silu_in_matmul = silu_in_matmul  # the pass of its own, as where F is not
+        else:
+            assert dtype == torch.bfloat16 and not matmuls.silu_in_matmul
     got = generate(looped, prompts, max_tokens=6)
 
     assert len(loop_calls) == got.num_batches * pp  # every step of every stage
@@ -83,23 +109,38 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
 
 @pytest.fixture
 def switch_back() -> Iterator[None]:
+    threads = torch.get_num_threads()
     yield
     llama_cpu_loop.set_enabled(True)
     cpu_matmul.set_enabled(True)
     fused.set_enabled(True)
+    gemv._enabled = False
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("switch_back")
 @pytest.mark.parametrize(
-    "why", ["bfloat16", "--no-cpu-layer-loop", "--no-cpu-matmul-kernel", "--no-fused-ops"]
+    "why",
+    [
+        "float16",
+        "--no-cpu-layer-loop",
+        "--no-cpu-matmul-kernel",
+        "--no-fused-ops",
+        pytest.param("--small-batch-kernel", marks=BF16_LOOP.marks),
+    ],
 )
 def test_the_modules_run_where_the_loop_does_not_apply(
     why: str, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
 ) -> None:
-    dtype = torch.bfloat16 if why == "bfloat16" else torch.float32
+    dtype = {"float16": torch.float16, "--small-batch-kernel": torch.bfloat16}.get(
+        why, torch.float32
+    )
     llama_cpu_loop.set_enabled(why != "--no-cpu-layer-loop")
     cpu_matmul.set_enabled(why != "--no-cpu-matmul-kernel")
     fused.set_enabled(why != "--no-fused-ops")
+    if why == "--small-batch-kernel":  # the GEMV kernel reads the plain weights: one thread
+        gemv.enable()
+        torch.set_num_threads(1)
     runners = make_runners(tiny_checkpoint("llama"), 1, 32, dtype=dtype)
     built = stage_model(runners[0]).layer_loop is not None
     assert built == (why == "--no-fused-ops")  # that one is decided at every step

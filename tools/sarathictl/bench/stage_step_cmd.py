@@ -140,8 +140,8 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
         "--cpu-layer-loop",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="CPU float32, Llama family, TP=1: the layers as one loop over the C kernels "
-        "(--no-cpu-layer-loop: a module call per layer part, to compare)",
+        help="CPU float32 or bf16, Llama family, TP=1: the layers as one loop over the C "
+        "kernels and matmuls (--no-cpu-layer-loop: a module call per layer part, to compare)",
     )
 
 
