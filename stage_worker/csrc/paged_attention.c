@@ -49,6 +49,13 @@ SARATHI_AVX512_BEGIN
 #include "attention_avx512.h"
 #include "attention_runs.h"
 
+/* How far ahead of the scores the key rows are asked into L2, in positions: a block of 16
+ * positions scores in a few tens of ns, where a row from memory takes longer, so the next
+ * block's rows (asked into L1) were still on their way when needed. 64 read a decode step's
+ * caches at 28 against 23 GB/s; 128 and 256 were no faster (BENCHMARKS "Decode attention's
+ * keys asked for further ahead"). */
+#define KEYS_FAR_AHEAD 64
+
 /* lane i = the sum of v[i]'s 16 lanes: a transposing tree of 15 shuffle-and-add steps, where
  * 16 separate reductions take about 4 times the instructions. */
 static inline __m512 sum16(const __m512 v[16]) {
@@ -102,7 +109,9 @@ score_pass(const char *q, const char *kc, const char *vc, const int64_t *table, 
     const int64_t head_dim = nv * 16, elem = is_bf16 ? 2 : 4;
     const __m512 vscale = _mm512_set1_ps(scale);
     rows_t walk = rows_from(table, block_size, row_stride * elem, h * head_dim * elem);
-    rows_t keys_ahead = walk, values_ahead = walk;
+    rows_t keys_ahead = walk, values_ahead = walk, keys_far = walk;
+    prefetch_rows(kc, &keys_far, block_size, len < KEYS_FAR_AHEAD ? len : KEYS_FAR_AHEAD,
+                  head_dim * elem, 1);
     prefetch_rows(kc, &keys_ahead, block_size, len < 16 ? len : 16, head_dim * elem, 0);
     for (int64_t g = 0; g < group; ++g) max[g] = -3.0e38f;
     for (int64_t pos0 = 0; pos0 < len; pos0 += 16) {
@@ -112,6 +121,9 @@ score_pass(const char *q, const char *kc, const char *vc, const int64_t *table, 
          * where the hardware's prefetcher cannot follow */
         const int64_t next = len - pos0 - n < 16 ? len - pos0 - n : 16;
         prefetch_rows(kc, &keys_ahead, block_size, next, head_dim * elem, 0);
+        const int64_t far_left = len - pos0 - KEYS_FAR_AHEAD; /* <= 0: all asked for */
+        prefetch_rows(kc, &keys_far, block_size, far_left < 16 ? far_left : 16,
+                      head_dim * elem, 1);
         prefetch_rows(vc, &values_ahead, block_size, n, head_dim * elem, 1);
         const __mmask16 m = first16(n);
         const char *rows[16];
