@@ -25,6 +25,7 @@ kernels = Extension(
         "stage_worker/csrc/chunk_attention_avx2.c",
         "stage_worker/csrc/chunk_attention_avx512.c",
         "stage_worker/csrc/gemv_bf16.c",
+        "stage_worker/csrc/matmul_bf16_avx512.c",
         "stage_worker/csrc/fused_ops.c",
         "stage_worker/csrc/fused_ops_bf16.c",
         "stage_worker/csrc/fused_ops_bf16_avx512.c",

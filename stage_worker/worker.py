@@ -293,10 +293,12 @@ class StageWorker:
         finally:
             reader.close()
         logger.info(
-            "loaded layers %d..%d (%.1f MiB) on %s in %.2f s",
+            "loaded layers %d..%d (%.1f MiB, and %.1f MiB of them again in kernels' layouts) "
+            "on %s in %.2f s",
             model.layer_ids.start,
             model.layer_ids.stop - 1,
             model.param_bytes / 2**20,
+            model.kernel_copy_bytes / 2**20,
             cfg.device,
             time.monotonic() - t0,
         )

@@ -268,6 +268,58 @@ static PyObject *py_gemv_bf16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* panels of matmul_bf16_pack for a weight [n, k]: [ceil(n / 16), ceil(k / 2), 16, 2] bf16. */
+static int check_bf16_panels(const view_t *panels, int64_t n, int64_t k) {
+    if (!panels->is_bf16) return fail("panels", "dtype must be bfloat16");
+    if (panels->shape[2] != 16 || panels->shape[3] != 2)
+        return fail("panels", "its last dimensions must be [16, 2]");
+    if (panels->shape[1] != (k + 1) / 2)
+        return fail("panels", "must hold ceil(inputs / 2) pairs, the weight's or x's inputs");
+    if (panels->shape[0] != (n + 15) / 16) return fail("panels", "must hold ceil(outputs / 16)");
+    return 0;
+}
+
+static PyObject *py_matmul_bf16_pack(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *w_obj, *panels_obj;
+    if (!PyArg_ParseTuple(args, "OO:matmul_bf16_pack", &w_obj, &panels_obj)) return NULL;
+    view_t w, panels;
+    if (view(w_obj, "weight", 2, 1, &w) || view(panels_obj, "panels", 4, 1, &panels)) return NULL;
+    if (!w.is_bf16) return fail("weight", "dtype must be bfloat16"), NULL;
+    if (check_bf16_panels(&panels, w.shape[0], w.shape[1]) || refuse_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    matmul_bf16_pack((const uint16_t *)w.data, w.shape[0], w.shape[1], (uint16_t *)panels.data);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_matmul_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *x_obj, *panels_obj, *y_obj;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOi:matmul_bf16", &x_obj, &panels_obj, &y_obj, &num_threads))
+        return NULL;
+    view_t x, panels, y;
+    int64_t x_strides[2];
+    if (strided_view(x_obj, "x", 2, &x, x_strides) || view(panels_obj, "panels", 4, 1, &panels) ||
+        view(y_obj, "out", 2, 1, &y))
+        return NULL;
+    if (!x.is_bf16 || !y.is_bf16) return fail("x", "x and out must be bfloat16"), NULL;
+    if (y.shape[0] != x.shape[0]) return fail("out", "must have x's rows"), NULL;
+    if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
+    const int64_t m = x.shape[0], k = x.shape[1], n = y.shape[1];
+    if (check_bf16_panels(&panels, n, k) || refuse_on_this_cpu()) return NULL;
+#if SARATHI_HAVE_X86_KERNELS
+    Py_BEGIN_ALLOW_THREADS;
+    matmul_bf16((const uint16_t *)x.data, m, x_strides[0], (const uint16_t *)panels.data, n, k,
+                (uint16_t *)y.data, n, num_threads);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
 static int refuse_fused_on_this_cpu(void) {
     if (fused_run_here()) return 0;
     PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX2 with FMA: the fused ops cannot run");
@@ -533,6 +585,12 @@ static PyMethodDef methods[] = {
      "fused_silu_mul(gate_up, out, num_threads): gate_up [rows, 2F] (rows may be strided), "
      "out [rows, F]; "
      "out = silu(gate) * up."},
+    {"matmul_bf16_pack", py_matmul_bf16_pack, METH_VARARGS,
+     "matmul_bf16_pack(weight, panels): DLPack capsules of weight [n, k] and panels [ceil(n / "
+     "16), ceil(k / 2), 16, 2], both bfloat16; fills panels (AVX-512 with bf16 only)."},
+    {"matmul_bf16", py_matmul_bf16, METH_VARARGS,
+     "matmul_bf16(x, panels, out, num_threads): x [m, k] (rows may be strided), panels from "
+     "matmul_bf16_pack, out [m, n], all bfloat16; out = x @ weight.T (AVX-512 with bf16 only)."},
     {"sgemm_f32_pack", py_sgemm_f32_pack, METH_VARARGS,
      "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] (float32) and packed "
      "[ceil(n / 16), k, 16], contiguous; packed is written (zero-padded). A bf16 packed takes "

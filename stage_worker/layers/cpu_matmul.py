@@ -31,9 +31,14 @@ _enabled = True
 
 
 def set_enabled(on: bool) -> None:
-    """On by default; decides the layers loaded from now on."""
+    """On by default; decides the layers loaded from now on, for this kernel and for the bf16
+    one (matmul_bf16.py): `--no-cpu-matmul-kernel` turns both off."""
     global _enabled
     _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
 
 
 BF16_POSITION = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from stage_worker.comm import TPGroup
-from stage_worker.layers import cpu_matmul, exact_logits, gemv, onednn
+from stage_worker.layers import cpu_matmul, exact_logits, gemv, matmul_bf16, onednn
 from stage_worker.layers.linear import linear
 
 
@@ -73,6 +73,8 @@ class ParallelLMHead(nn.Module):
         self.packed: torch.Tensor | None = None
         # The weight row-major for gemv.linear, when the small-batch kernel is on.
         self.plain: torch.Tensor | None = None
+        # CPU bf16: the weight as the bf16 kernel's panels, for a few rows' logits.
+        self.bf16: matmul_bf16.PackedBf16 | None = None
         # The weight's rows as loaded, for the float32 recomputation of the top logits
         # (exact_logits.py) of a head that is not float32; an untied CPU bf16 head keeps them
         # beside its oneDNN copy.
@@ -96,6 +98,8 @@ class ParallelLMHead(nn.Module):
         self.float32_out = self.weight.dtype != torch.float32 and _mm_float32_out(self.weight)
         if self.weight.dtype != torch.float32 and not self.float32_out:
             self.rows = self.weight.data
+        if matmul_bf16.usable_for(self.weight.data):
+            self.bf16 = matmul_bf16.pack(self.weight.data)
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
         if not onednn.can_pack(self.weight):
@@ -115,7 +119,7 @@ class ParallelLMHead(nn.Module):
             # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
         else:
-            logits = linear(hidden, weight, self.plain).float()
+            logits = linear(hidden, weight, self.plain, self.bf16).float()
         if self.rows is not None:  # rounded to the model dtype: the top ones made exact
             logits = exact_logits.refine(logits, hidden, self.rows)
         if self.tp.size == 1:

@@ -5,8 +5,9 @@ features and needs no communication. Row-parallel: the rank holds input columns
 [out, in_local]; its output is a partial sum the caller all-reduces over the TP group (the model
 calls `tp.all_reduce` itself, so the collective is visible where it happens).
 After loading, `pack()` swaps a CPU float32 weight for the panels of the package's AVX2 matmul
-kernel (cpu_matmul.py), or a CPU bf16 weight for its oneDNN-blocked form (see onednn.py) and,
-with the small-batch kernel on, keeps the plain one for steps of a few tokens (see gemv.py).
+kernel (cpu_matmul.py), or a CPU bf16 weight for its oneDNN-blocked form (see onednn.py), and
+keeps it also as the package's bf16 panels for steps of a few tokens (matmul_bf16.py) or, with
+the opt-in small-batch kernel, plain (gemv.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,24 @@ import time
 import torch
 from torch import nn
 
-from stage_worker.layers import cpu_matmul, gemv, onednn
+from stage_worker.layers import cpu_matmul, gemv, matmul_bf16, onednn
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, plain: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    plain: torch.Tensor | None = None,
+    bf16: matmul_bf16.PackedBf16 | None = None,
+) -> torch.Tensor:
     """x: [n, in] @ weight ([out, in], strided or oneDNN-packed).T -> [n, out]; plain: the same
-    weight row-major for the small-batch GEMV kernel (gemv.py), or None."""
-    if plain is not None and x.shape[0] <= gemv.MAX_TOKENS:
+    weight row-major for the opt-in small-batch GEMV kernel (gemv.py), or None; bf16: the same
+    as the bf16 kernel's panels (matmul_bf16.py), or None. Each kernel takes the steps it is
+    fastest at."""
+    n = x.shape[0]
+    if plain is not None and n <= gemv.MAX_TOKENS:
         return gemv.linear(x, plain)
+    if bf16 is not None and n <= matmul_bf16.MAX_TOKENS:
+        return matmul_bf16.linear(x, bf16)
     return onednn.linear(x, weight)
 
 
@@ -53,6 +64,8 @@ class ShardedLinear(nn.Module):
         )
         self.plain: torch.Tensor | None = None
         """The weight row-major for gemv.linear, when the small-batch kernel is on."""
+        self.bf16: matmul_bf16.PackedBf16 | None = None
+        """The weight as the bf16 kernel's panels, for steps of a few tokens, once packed."""
         self.f32: cpu_matmul.PackedWeight | None = None
         """The weight as the float32 kernel's panels (then also `weight`), once packed."""
 
@@ -63,6 +76,8 @@ class ShardedLinear(nn.Module):
             self.f32 = cpu_matmul.pack(self.weight.data)
             self.weight = nn.Parameter(self.f32.panels, requires_grad=False)  # plain one freed
             return
+        if matmul_bf16.usable_for(self.weight.data):
+            self.bf16 = matmul_bf16.pack(self.weight.data)
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
         if onednn.can_pack(self.weight):
@@ -72,16 +87,17 @@ class ShardedLinear(nn.Module):
         # x: [num_tokens, in_] -> [num_tokens, out]
         clock = CLOCK
         if not clock.on:
-            return self._matmul(x)
+            return self.matmul(x)
         start = time.perf_counter()
-        out = self._matmul(x)
+        out = self.matmul(x)
         clock.seconds += time.perf_counter() - start
         return out
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """forward() without the clock: x [num_tokens, in_] -> [num_tokens, out]."""
         if self.f32 is not None:
             return cpu_matmul.linear(x, self.f32)
-        return linear(x, self.weight, self.plain)
+        return linear(x, self.weight, self.plain, self.bf16)
 
 
 class ColumnParallelLinear(ShardedLinear):

@@ -150,3 +150,17 @@ class StageModel(nn.Module):
     @property
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    @property
+    def kernel_copy_bytes(self) -> int:
+        """Bytes of weights held a second time in a CPU kernel's own layout, beside
+        param_bytes: the bf16 kernel's panels (matmul_bf16.py), the small-batch kernel's plain
+        rows (gemv.py), a tied head's oneDNN copy."""
+        copies: list[torch.Tensor | None] = []
+        for module in self.modules():
+            if isinstance(module, (ShardedLinear, ParallelLMHead)):
+                copies.append(module.bf16.panels if module.bf16 is not None else None)
+                copies.append(module.plain)
+            if isinstance(module, ParallelLMHead):
+                copies.append(module.packed)
+        return sum(t.numel() * t.element_size() for t in copies if t is not None)

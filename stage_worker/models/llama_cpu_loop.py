@@ -14,7 +14,8 @@ bf16").
 When: a Llama stage with TP=1 (nothing to all-reduce) on the CPU, the fused ops on, the step
 prepared for the attention kernel, and either
 - float32, every linear layer packed for the AVX2 matmul kernel (cpu_matmul.py), or
-- bfloat16, every linear layer packed for oneDNN (onednn.py; not with --small-batch-kernel).
+- bfloat16, every linear layer packed for oneDNN (onednn.py) and, where it runs, for the bf16
+  kernel of a few tokens (matmul_bf16.py); not with --small-batch-kernel.
 Anything else runs the layers' modules, as does `--no-cpu-layer-loop` (to compare). Both give
 the same hidden states bit for bit (tests/unit/stage_worker/test_cpu_layer_loop.py).
 """
@@ -32,7 +33,8 @@ from stage_worker import native
 from stage_worker.attention import AttentionBackend, AttentionMetadata
 from stage_worker.attention.torch_backend import KernelStep
 from stage_worker.kv_cache import KVCache
-from stage_worker.layers import cpu_matmul, fused, linear, onednn
+from stage_worker.layers import cpu_matmul, fused, linear
+from stage_worker.layers.linear import ShardedLinear
 from stage_worker.step_timer import TimedAttention, clock
 
 if TYPE_CHECKING:
@@ -149,10 +151,11 @@ class _Float32Matmuls:
         self.kernels.sgemm_f32(b.c_act, w, b.c_x, threads, True)  # x += down
 
 
-class _OneDnnMatmuls:
-    """oneDNN's packed bf16 matmuls (onednn.py), on torch's threads: each product a fresh
-    tensor (the op writes no given buffer), added into the residual stream in place, rounded as
-    the modules' `x + o_proj(...)` rounds it."""
+class _Bf16Matmuls:
+    """The layers' own bf16 matmuls (ShardedLinear.matmul: the package's bf16 kernel for a few
+    tokens, oneDNN's packed kernel for more), on torch's threads: each product a fresh tensor
+    (oneDNN writes no given buffer), added into the residual stream in place, rounded as the
+    modules' `x + o_proj(...)` rounds it."""
 
     silu_in_matmul = False
 
@@ -160,16 +163,16 @@ class _OneDnnMatmuls:
         pass
 
     def qkv(self, b: _StepBuffers, w: object, threads: int) -> None:
-        b.take_qkv(onednn.linear(b.normed, cast(torch.Tensor, w)))
+        b.take_qkv(cast(ShardedLinear, w).matmul(b.normed))
 
     def add_o_proj(self, b: _StepBuffers, w: object, threads: int) -> None:
-        b.x.add_(onednn.linear(b.attended_rows, cast(torch.Tensor, w)))
+        b.x.add_(cast(ShardedLinear, w).matmul(b.attended_rows))
 
     def gate_up(self, b: _StepBuffers, w: object, threads: int) -> None:
-        b.take_gate_up(onednn.linear(b.normed, cast(torch.Tensor, w)))
+        b.take_gate_up(cast(ShardedLinear, w).matmul(b.normed))
 
     def add_down(self, b: _StepBuffers, w: object, threads: int) -> None:
-        b.x.add_(onednn.linear(b.act, cast(torch.Tensor, w)))
+        b.x.add_(cast(ShardedLinear, w).matmul(b.act))
 
 
 class CpuLayerLoop:
@@ -182,8 +185,8 @@ class CpuLayerLoop:
         kernels = native.fused_kernels()
         assert kernels is not None, "CpuLayerLoop built where the C kernels do not run"
         self.kernels = kernels
-        self.matmuls: _Float32Matmuls | _OneDnnMatmuls = (
-            _Float32Matmuls(kernels, shape.ffn) if dtype == torch.float32 else _OneDnnMatmuls()
+        self.matmuls: _Float32Matmuls | _Bf16Matmuls = (
+            _Float32Matmuls(kernels, shape.ffn) if dtype == torch.float32 else _Bf16Matmuls()
         )
         self._caches: _CacheViews | None = None
 
@@ -314,8 +317,9 @@ class _CacheViews:
 
 def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
     """The layer's weights for the loop, or None where one of its matmuls is not on the loop's
-    kernel: a float32 weight the AVX2 kernel did not take (--no-cpu-matmul-kernel), a bf16 one
-    oneDNN did not pack or that the small-batch kernel also reads (--small-batch-kernel)."""
+    kernels: a float32 weight the AVX2 kernel did not take (--no-cpu-matmul-kernel), a bf16 one
+    oneDNN did not pack or that the small-batch kernel also reads (--small-batch-kernel). A bf16
+    layer's matmuls are its modules (ShardedLinear), called past their __call__."""
     mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = (layer.input_norm.weight.data, layer.post_norm.weight.data)
     if not all(n.is_contiguous() for n in norms):
@@ -325,7 +329,7 @@ def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
         if dtype == torch.float32 and m.f32 is not None:
             taken.append(native.capsule(m.f32.panels))
         elif dtype == torch.bfloat16 and m.weight.is_mkldnn and m.plain is None:
-            taken.append(m.weight)
+            taken.append(m)  # its matmul picks the kernel by the step's tokens
         else:
             return None
     qkv, o_proj, gate_up, down = taken

@@ -1,0 +1,73 @@
+"""bf16 linear layers of a few tokens on the CPU through the package's AVX-512 kernel
+(stage_worker/csrc/matmul_bf16_avx512.c): decode steps and small batches.
+
+oneDNN's packed bf16 matmul, which the layers run otherwise, reads a decode step's weights at
+25-31 GB/s on the 2-core Zen 5 EPYC, and its time grows with the tokens well before the
+arithmetic limits it (8.4 ms for the demo model's layers at 12 tokens against 6.7 at one). The
+kernel streams its own panels, asking for each 8 KiB ahead, at 50-55 GB/s: 1.5x oneDNN at one
+token, about 2x at 8 to 12, 1.2x at 64; from about 96 tokens oneDNN is as fast or faster, so
+steps of more than MAX_TOKENS run oneDNN (BENCHMARKS "A bf16 matmul for decode steps"). Each
+bf16 weight is then held twice on such a CPU, as panels and in oneDNN's layout.
+
+On by default wherever it runs (x86-64 with AVX-512 and its bf16 instructions, the package's C
+module built); `--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` leaves
+every bf16 matmul to oneDNN, to compare. The sums run in another order than oneDNN's: outputs
+may differ from it in their last bf16 bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stage_worker import native
+from stage_worker.layers import cpu_matmul
+
+MAX_TOKENS = 64
+"""Steps of up to this many tokens run the kernel, larger ones oneDNN (module docstring)."""
+
+
+@dataclass(frozen=True)
+class PackedBf16:
+    """A [out, in] bf16 weight as the kernel reads it."""
+
+    panels: torch.Tensor
+    """[ceil(out / 16), ceil(in / 2), 16, 2] bf16: output features in panels of 16, each pair
+    of inputs side by side, zero-padded."""
+    out_features: int
+
+
+def usable_for(weight: torch.Tensor) -> bool:
+    """Whether weight ([out, in]) should also be packed for the kernel, decided once at load."""
+    return (
+        cpu_matmul.enabled()
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and native.kernels() is not None
+    )
+
+
+def pack(weight: torch.Tensor) -> PackedBf16:
+    """weight: [out, in] bf16 -> its panels (a new tensor; weight is left as it is)."""
+    module = native.kernels()
+    assert module is not None, "pack() called where usable_for() is False"
+    out, in_ = weight.shape
+    panels = torch.empty((-(-out // 16), -(-in_ // 2), 16, 2), dtype=torch.bfloat16)
+    module.matmul_bf16_pack(native.capsule(weight.contiguous()), native.capsule(panels))
+    return PackedBf16(panels, out)
+
+
+def linear(x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
+    """x: [n, in] bf16 (rows may be strided) -> [n, out] bf16 = x @ weight.T, on torch's
+    intra-op thread count."""
+    module = native.kernels()
+    assert module is not None, "linear() called where usable_for() is False"
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty((x.shape[0], weight.out_features), dtype=torch.bfloat16)
+    module.matmul_bf16(
+        native.capsule(x), native.capsule(weight.panels), native.capsule(y), torch.get_num_threads()
+    )
+    return y

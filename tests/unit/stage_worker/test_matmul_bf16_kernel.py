@@ -1,0 +1,137 @@
+"""The bf16 matmul kernel for steps of a few tokens (stage_worker/layers/matmul_bf16.py): its
+products against float32, its thread count, the layers' dispatch to it (and past it to
+oneDNN), and the switch that turns it off."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from stage_worker import native
+from stage_worker.comm import TPGroup
+from stage_worker.layers import ColumnParallelLinear, cpu_matmul, matmul_bf16
+from stage_worker.layers.embedding import ParallelLMHead
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(
+    native.kernels() is None, reason="the bf16 kernels do not run here (AVX-512 with bf16)"
+)
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return matmul_bf16.linear(x, matmul_bf16.pack(w))
+
+
+# k: whole pairs, an odd count (the last input alone), a single input; m: one token, the
+# two-sums path (< 8), one block of 24, and blocks past it; 37 outputs: a partial panel.
+@pytest.mark.parametrize("k", [576, 96, 33, 7, 1])
+@pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 64])
+def test_products_match_float32_to_bf16_rounding(m: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(k * 100 + m)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(37, k, generator=gen).to(torch.bfloat16)
+    got = product(x, w)
+    assert got.shape == (m, 37) and got.dtype == torch.bfloat16
+    want = x.float() @ w.float().T  # exact products of bf16 inputs, float32 sums
+    # One bf16 rounding of the result (2^-8 relative), plus float32 sums in another order.
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-4 * k)
+
+
+@pytest.mark.usefixtures("threads")
+def test_the_thread_count_moves_no_bit() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 576, generator=gen).to(torch.bfloat16)
+    w = torch.randn(1000, 576, generator=gen).to(torch.bfloat16)  # 63 panels, the last partial
+    packed = matmul_bf16.pack(w)
+    torch.set_num_threads(1)
+    one = matmul_bf16.linear(x, packed)
+    torch.set_num_threads(2)
+    assert torch.equal(matmul_bf16.linear(x, packed), one)
+
+
+def test_a_strided_input_row_is_read_correctly() -> None:
+    x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # row stride 128, 64 features
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    torch.testing.assert_close(
+        product(x, w).float(), x.float() @ w.float().T, rtol=2**-7, atol=0.01
+    )
+
+
+def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
+    weight = torch.randn(48, 64).to(torch.bfloat16)
+    layer.load(weight)
+    layer.pack()
+    assert layer.bf16 is not None and layer.weight.is_mkldnn  # both layouts held
+    calls: list[int] = []
+    kernel = matmul_bf16.linear
+
+    def counted(x: torch.Tensor, w: matmul_bf16.PackedBf16) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return kernel(x, w)
+
+    monkeypatch.setattr(matmul_bf16, "linear", counted)
+    for tokens in (1, matmul_bf16.MAX_TOKENS, matmul_bf16.MAX_TOKENS + 1):
+        x = torch.randn(tokens, 64).to(torch.bfloat16)
+        torch.testing.assert_close(
+            layer(x).float(), x.float() @ weight.float().T, rtol=2**-7, atol=0.05
+        )
+    assert calls == [1, matmul_bf16.MAX_TOKENS]
+
+
+def test_the_lm_head_takes_it_too() -> None:
+    head = ParallelLMHead(100, 64, TPGroup(), "cpu", torch.bfloat16)
+    weight = torch.randn(100, 64).to(torch.bfloat16)
+    head.weight.data.copy_(weight)
+    head.pack(None)
+    assert head.bf16 is not None
+    hidden = torch.randn(3, 64).to(torch.bfloat16)
+    logits = head(hidden)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, hidden.float() @ weight.float().T, rtol=2**-7, atol=0.05)
+
+
+def test_no_cpu_matmul_kernel_leaves_bf16_to_onednn() -> None:
+    cpu_matmul.set_enabled(False)
+    try:
+        layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
+        layer.load(torch.randn(48, 64).to(torch.bfloat16))
+        layer.pack()
+    finally:
+        cpu_matmul.set_enabled(True)
+    assert layer.bf16 is None and layer.weight.is_mkldnn
+
+
+def test_the_module_refuses_panels_of_another_weight() -> None:
+    module = native.kernels()
+    assert module is not None
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    panels = matmul_bf16.pack(torch.randn(48, 66).to(torch.bfloat16)).panels  # 33 pairs, not 32
+    out = torch.empty(2, 48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="panels"):
+        module.matmul_bf16(native.capsule(x), native.capsule(panels), native.capsule(out), 1)
+
+
+def test_its_benchmark_prints_a_row_per_token_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/bench_bf16_matmul.py, which BENCHMARKS.md quotes (tiny shapes: not a
+    measurement)."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))  # a script there, not installed
+    import bench_bf16_matmul
+
+    small = ["--hidden", "32", "--ffn", "48", "--q-heads", "2", "--kv-heads", "1"]
+    argv = [*small, "--head-dim", "16", "--layers", "2", "--tokens", "1,3", "--rounds", "2"]
+    assert bench_bf16_matmul.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 1", "| 3"]
