@@ -167,8 +167,9 @@ def add_performance_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--small-batch-kernel",
         action="store_true",
-        help="CPU bf16, one thread: run steps of up to 2 tokens on a streaming GEMV kernel "
-        "(built with the system C compiler); holds the linear weights twice",
+        help="CPU bf16, one thread, with --no-cpu-matmul-kernel (the bf16 matmul kernel "
+        "supersedes it): run steps of up to 2 tokens on a streaming GEMV kernel; holds the "
+        "linear weights twice",
     )
     p.add_argument(
         "--fused-ops",

@@ -97,7 +97,7 @@ void gemv_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *w, int
 /* See matmul_bf16_avx512.c: weights packed as [ceil(n / 16), ceil(k / 2), 16, 2] bf16. */
 void matmul_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *panels);
 void matmul_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *panels, int64_t n,
-                 int64_t k, uint16_t *y, int64_t ldy, int num_threads);
+                 int64_t k, void *y, int64_t ldy, int y_f32, int num_threads);
 
 /* See sgemm_f32.c: weights packed as [ceil(n / PANEL), k, PANEL] floats, zero-padded; or, for a
  * float32 weight whose every value is a bf16 value, as the same panels of bf16 (half the

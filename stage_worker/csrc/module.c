@@ -306,7 +306,7 @@ static PyObject *py_matmul_bf16(PyObject *self, PyObject *args) {
     if (strided_view(x_obj, "x", 2, &x, x_strides) || view(panels_obj, "panels", 4, 1, &panels) ||
         view(y_obj, "out", 2, 1, &y))
         return NULL;
-    if (!x.is_bf16 || !y.is_bf16) return fail("x", "x and out must be bfloat16"), NULL;
+    if (!x.is_bf16) return fail("x", "dtype must be bfloat16"), NULL;
     if (y.shape[0] != x.shape[0]) return fail("out", "must have x's rows"), NULL;
     if (num_threads < 1) return fail("num_threads", "must be >= 1"), NULL;
     const int64_t m = x.shape[0], k = x.shape[1], n = y.shape[1];
@@ -314,7 +314,7 @@ static PyObject *py_matmul_bf16(PyObject *self, PyObject *args) {
 #if SARATHI_HAVE_X86_KERNELS
     Py_BEGIN_ALLOW_THREADS;
     matmul_bf16((const uint16_t *)x.data, m, x_strides[0], (const uint16_t *)panels.data, n, k,
-                (uint16_t *)y.data, n, num_threads);
+                y.data, n, !y.is_bf16, num_threads);
     Py_END_ALLOW_THREADS;
 #endif
     Py_RETURN_NONE;
@@ -589,8 +589,9 @@ static PyMethodDef methods[] = {
      "matmul_bf16_pack(weight, panels): DLPack capsules of weight [n, k] and panels [ceil(n / "
      "16), ceil(k / 2), 16, 2], both bfloat16; fills panels (AVX-512 with bf16 only)."},
     {"matmul_bf16", py_matmul_bf16, METH_VARARGS,
-     "matmul_bf16(x, panels, out, num_threads): x [m, k] (rows may be strided), panels from "
-     "matmul_bf16_pack, out [m, n], all bfloat16; out = x @ weight.T (AVX-512 with bf16 only)."},
+     "matmul_bf16(x, panels, out, num_threads): x [m, k] (rows may be strided) and panels from "
+     "matmul_bf16_pack, bfloat16; out [m, n], bfloat16 or float32 (the sums unrounded); "
+     "out = x @ weight.T (AVX-512 with bf16 only)."},
     {"sgemm_f32_pack", py_sgemm_f32_pack, METH_VARARGS,
      "sgemm_f32_pack(weight, packed): DLPack capsules of weight [n, k] (float32) and packed "
      "[ceil(n / 16), k, 16], contiguous; packed is written (zero-padded). A bf16 packed takes "

@@ -52,7 +52,7 @@ SARATHI_AVX512_BEGIN
 /* How far ahead of the scores the key rows are asked into L2, in positions: a block of 16
  * positions scores in a few tens of ns, where a row from memory takes longer, so the next
  * block's rows (asked into L1) were still on their way when needed. 64 read a decode step's
- * caches at 28 against 23 GB/s; 128 and 256 were no faster (BENCHMARKS "Decode attention's
+ * caches at 24-27 against 21-22 GB/s; 128 and 256 were no faster (BENCHMARKS "Decode attention's
  * keys asked for further ahead"). */
 #define KEYS_FAR_AHEAD 64
 

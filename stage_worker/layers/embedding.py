@@ -73,7 +73,7 @@ class ParallelLMHead(nn.Module):
         self.packed: torch.Tensor | None = None
         # The weight row-major for gemv.linear, when the small-batch kernel is on.
         self.plain: torch.Tensor | None = None
-        # CPU bf16: the weight as the bf16 kernel's panels, for a few rows' logits.
+        # CPU bf16: the weight as the bf16 kernel's panels, for a few rows' logits in float32.
         self.bf16: matmul_bf16.PackedBf16 | None = None
         # The weight's rows as loaded, for the float32 recomputation of the top logits
         # (exact_logits.py) of a head that is not float32; an untied CPU bf16 head keeps them
@@ -118,10 +118,13 @@ class ParallelLMHead(nn.Module):
             # the float32 sums handed back unrounded: no ties made by rounding, nothing to
             # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        elif self.bf16 is not None and hidden.shape[0] <= matmul_bf16.MAX_TOKENS:
+            # the CPU's bf16 kernel hands its float32 sums back unrounded too
+            logits = matmul_bf16.linear(hidden, self.bf16, torch.float32)
         else:
-            logits = linear(hidden, weight, self.plain, self.bf16).float()
-        if self.rows is not None:  # rounded to the model dtype: the top ones made exact
-            logits = exact_logits.refine(logits, hidden, self.rows)
+            logits = linear(hidden, weight, self.plain).float()
+            if self.rows is not None:  # rounded to the model dtype: the top ones made exact
+                logits = exact_logits.refine(logits, hidden, self.rows)
         if self.tp.size == 1:
             return logits
         pad = self.per_rank - logits.shape[1]

@@ -11,7 +11,9 @@ oneDNN, with the reason logged once.
 Opt-in (`python -m stage_worker --small-batch-kernel`, `sarathictl bench stage
 --small-batch-kernel`): the kernel reads plain row-major weights while oneDNN, which stays
 faster from 3 tokens up, reads its own blocked copy, so each bf16 linear weight is held twice
-(a tied LM head reuses the embedding's rows and costs nothing extra).
+(a tied LM head reuses the embedding's rows and costs nothing extra). Superseded by the bf16
+matmul kernel (matmul_bf16.py), which runs on the same CPUs on every thread and for up to 64
+tokens: this one runs only where that one is off (`--no-cpu-matmul-kernel`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from stage_worker import native
+from stage_worker.layers import matmul_bf16
 
 MAX_TOKENS = 2
 """Steps of up to this many tokens use the kernel; from 3 tokens oneDNN's packed kernel is as
@@ -43,6 +46,7 @@ def usable_for(weight: torch.Tensor) -> bool:
         and weight.is_contiguous()
         and torch.get_num_threads() == 1
         and native.kernels() is not None
+        and not matmul_bf16.usable_for(weight)  # superseded where that kernel runs
     )
 
 

@@ -6,8 +6,8 @@ features and needs no communication. Row-parallel: the rank holds input columns
 calls `tp.all_reduce` itself, so the collective is visible where it happens).
 After loading, `pack()` swaps a CPU float32 weight for the panels of the package's AVX2 matmul
 kernel (cpu_matmul.py), or a CPU bf16 weight for its oneDNN-blocked form (see onednn.py), and
-keeps it also as the package's bf16 panels for steps of a few tokens (matmul_bf16.py) or, with
-the opt-in small-batch kernel, plain (gemv.py).
+keeps it also as the package's bf16 panels for steps of a few tokens (matmul_bf16.py; where
+that kernel is off, plain for the opt-in small-batch kernel, gemv.py).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def linear(
     as the bf16 kernel's panels (matmul_bf16.py), or None. Each kernel takes the steps it is
     fastest at."""
     n = x.shape[0]
-    if plain is not None and n <= gemv.MAX_TOKENS:
-        return gemv.linear(x, plain)
     if bf16 is not None and n <= matmul_bf16.MAX_TOKENS:
         return matmul_bf16.linear(x, bf16)
+    if plain is not None and n <= gemv.MAX_TOKENS:
+        return gemv.linear(x, plain)
     return onednn.linear(x, weight)
 
 

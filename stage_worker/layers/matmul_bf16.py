@@ -2,12 +2,14 @@
 (stage_worker/csrc/matmul_bf16_avx512.c): decode steps and small batches.
 
 oneDNN's packed bf16 matmul, which the layers run otherwise, reads a decode step's weights at
-25-31 GB/s on the 2-core Zen 5 EPYC, and its time grows with the tokens well before the
+22-32 GB/s on the 2-core Zen 5 EPYC, and its time grows with the tokens well before the
 arithmetic limits it (8.4 ms for the demo model's layers at 12 tokens against 6.7 at one). The
-kernel streams its own panels, asking for each 8 KiB ahead, at 50-55 GB/s: 1.5x oneDNN at one
-token, about 2x at 8 to 12, 1.2x at 64; from about 96 tokens oneDNN is as fast or faster, so
-steps of more than MAX_TOKENS run oneDNN (BENCHMARKS "A bf16 matmul for decode steps"). Each
-bf16 weight is then held twice on such a CPU, as panels and in oneDNN's layout.
+kernel streams its own panels, asking for each line 8 KiB ahead: 1.3x-1.5x oneDNN's speed at
+one token, 1.5x-2x at 8 to 16, 1.1x-1.2x at 32 to 64; from about 96 tokens oneDNN is as fast or
+faster, so steps of more than MAX_TOKENS run oneDNN (BENCHMARKS "A bf16 matmul for decode
+steps"). Each bf16 weight is then held twice on such a CPU, as panels and in oneDNN's layout.
+An LM head takes the kernel's float32 sums unrounded (no near-ties made exact ties: see
+exact_logits.py).
 
 On by default wherever it runs (x86-64 with AVX-512 and its bf16 instructions, the package's C
 module built); `--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` leaves
@@ -36,6 +38,7 @@ class PackedBf16:
     """[ceil(out / 16), ceil(in / 2), 16, 2] bf16: output features in panels of 16, each pair
     of inputs side by side, zero-padded."""
     out_features: int
+    in_features: int
 
 
 def usable_for(weight: torch.Tensor) -> bool:
@@ -56,17 +59,21 @@ def pack(weight: torch.Tensor) -> PackedBf16:
     out, in_ = weight.shape
     panels = torch.empty((-(-out // 16), -(-in_ // 2), 16, 2), dtype=torch.bfloat16)
     module.matmul_bf16_pack(native.capsule(weight.contiguous()), native.capsule(panels))
-    return PackedBf16(panels, out)
+    return PackedBf16(panels, out, in_)
 
 
-def linear(x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
-    """x: [n, in] bf16 (rows may be strided) -> [n, out] bf16 = x @ weight.T, on torch's
-    intra-op thread count."""
+def linear(
+    x: torch.Tensor, weight: PackedBf16, out_dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """x: [n, in] bf16 (rows may be strided) -> [n, out] = x @ weight.T, on torch's intra-op
+    thread count: bf16, or float32 (the float32 sums unrounded: an LM head's logits)."""
     module = native.kernels()
     assert module is not None, "linear() called where usable_for() is False"
+    if x.shape[-1] != weight.in_features:  # the panels hold pairs: k and k + 1 look alike there
+        raise ValueError(f"x has {x.shape[-1]} features, the weight {weight.in_features} inputs")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    y = torch.empty((x.shape[0], weight.out_features), dtype=torch.bfloat16)
+    y = torch.empty((x.shape[0], weight.out_features), dtype=out_dtype)
     module.matmul_bf16(
         native.capsule(x), native.capsule(weight.panels), native.capsule(y), torch.get_num_threads()
     )

@@ -153,14 +153,24 @@ class StageModel(nn.Module):
 
     @property
     def kernel_copy_bytes(self) -> int:
-        """Bytes of weights held a second time in a CPU kernel's own layout, beside
-        param_bytes: the bf16 kernel's panels (matmul_bf16.py), the small-batch kernel's plain
-        rows (gemv.py), a tied head's oneDNN copy."""
-        copies: list[torch.Tensor | None] = []
+        """Bytes of weights held a second time beside param_bytes, in a CPU kernel's own layout
+        or kept as loaded: the bf16 kernel's panels (matmul_bf16.py), the small-batch kernel's
+        plain rows (gemv.py), a tied head's oneDNN copy, an untied bf16 head's rows. Each
+        tensor counts once, and none that a parameter holds."""
+        held = {_address(p) for p in self.parameters()}
+        copies: dict[int, int] = {}
         for module in self.modules():
-            if isinstance(module, (ShardedLinear, ParallelLMHead)):
-                copies.append(module.bf16.panels if module.bf16 is not None else None)
-                copies.append(module.plain)
+            if not isinstance(module, (ShardedLinear, ParallelLMHead)):
+                continue
+            tensors = [module.bf16.panels if module.bf16 is not None else None, module.plain]
             if isinstance(module, ParallelLMHead):
-                copies.append(module.packed)
-        return sum(t.numel() * t.element_size() for t in copies if t is not None)
+                tensors += [module.packed, module.rows]
+            for t in tensors:
+                if t is not None and _address(t) not in held:
+                    copies[_address(t)] = t.numel() * t.element_size()
+        return sum(copies.values())
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where t's values lie (a oneDNN-packed tensor has no data pointer: its identity)."""
+    return id(t) if t.is_mkldnn else t.untyped_storage().data_ptr()

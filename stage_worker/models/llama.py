@@ -119,7 +119,7 @@ class LlamaStage(StageModel):
     embed_name = "model.embed_tokens.weight"
     final_norm_name = "model.norm.weight"
     layer_loop: CpuLayerLoop | None = None
-    """The layers as one loop over the C kernels, where a CPU float32 step allows it
+    """The layers as one loop over the C kernels, where a CPU float32 or bf16 step allows it
     (llama_cpu_loop.py); set by pack()."""
 
     def make_layer(self) -> StageLayer:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stage_worker import native
-from stage_worker.layers import cpu_matmul, fused, gemv
+from stage_worker.layers import cpu_matmul, fused, gemv, matmul_bf16
 from stage_worker.models import llama_cpu_loop
 from stage_worker.models.llama import LlamaStage
 from stage_worker.models.llama_cpu_loop import CpuLayerLoop
@@ -49,23 +49,22 @@ def loop_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-BF16_LOOP = pytest.param(
-    torch.bfloat16,
-    False,
-    id="bfloat16",
-    marks=pytest.mark.skipif(
-        native.kernels() is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-        reason="bf16 attention kernel (AVX-512 with bf16) or oneDNN bf16 missing here",
-    ),
+BF16_MARKS = pytest.mark.skipif(
+    native.kernels() is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="bf16 attention kernel (AVX-512 with bf16) or oneDNN bf16 missing here",
 )
 
 
 @pytest.mark.parametrize(
-    ("dtype", "silu_in_matmul"),
+    ("dtype", "silu_in_matmul", "budget", "matmul_kernel"),
     [
-        pytest.param(torch.float32, True, id="float32-silu-in-matmul"),
-        pytest.param(torch.float32, False, id="float32-silu-pass"),
-        BF16_LOOP,
+        pytest.param(torch.float32, True, 32, True, id="float32-silu-in-matmul"),
+        pytest.param(torch.float32, False, 32, True, id="float32-silu-pass"),
+        pytest.param(torch.bfloat16, False, 32, True, id="bfloat16", marks=BF16_MARKS),
+        # steps past matmul_bf16.MAX_TOKENS: their matmuls on oneDNN, the decodes' on the kernel
+        pytest.param(torch.bfloat16, False, 128, True, id="bfloat16-budget-128", marks=BF16_MARKS),
+        # --no-cpu-matmul-kernel: every bf16 matmul on oneDNN, the loop still taking the steps
+        pytest.param(torch.bfloat16, False, 32, False, id="bfloat16-onednn", marks=BF16_MARKS),
     ],
 )
 @pytest.mark.parametrize("pp", [1, 2])
@@ -73,6 +72,25 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
     pp: int,
     dtype: torch.dtype,
     silu_in_matmul: bool,
+    budget: int,
+    matmul_kernel: bool,
+    tiny_checkpoint: Callable[[str], Path],
+    loop_calls: list[int],
+) -> None:
+    cpu_matmul.set_enabled(matmul_kernel)  # decides the layers loaded below
+    try:
+        _the_loop_matches_the_modules(
+            pp, dtype, silu_in_matmul, budget, tiny_checkpoint, loop_calls
+        )
+    finally:
+        cpu_matmul.set_enabled(True)
+
+
+def _the_loop_matches_the_modules(
+    pp: int,
+    dtype: torch.dtype,
+    silu_in_matmul: bool,
+    budget: int,
     tiny_checkpoint: Callable[[str], Path],
     loop_calls: list[int],
 ) -> None:
@@ -81,7 +99,7 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
     modules = make_runners(model_dir, pp, 32, dtype=dtype)
     for runner in modules:
         stage_model(runner).layer_loop = None
-    expected = generate(modules, prompts, max_tokens=6)
+    expected = generate(modules, prompts, max_tokens=6, budget_tokens=budget)
     assert not loop_calls
 
     looped = make_runners(model_dir, pp, 32, dtype=dtype)
@@ -94,10 +112,13 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
             matmuls.silu_in_matmul = silu_in_matmul  # the pass of its own, as where F is not
         else:
             assert dtype == torch.bfloat16 and not matmuls.silu_in_matmul
-    got = generate(looped, prompts, max_tokens=6)
+    got = generate(looped, prompts, max_tokens=6, budget_tokens=budget)
+    if budget > matmul_bf16.MAX_TOKENS:
+        assert max(loop_calls) > matmul_bf16.MAX_TOKENS
 
     assert len(loop_calls) == got.num_batches * pp  # every step of every stage
-    assert max(loop_calls) > 1 and min(loop_calls) == 1  # chunks beside decodes, then decodes
+    # chunks beside decodes, then decodes only (at 32, one request's alone at the end)
+    assert max(loop_calls) > 1 and min(loop_calls) <= (1 if budget == 32 else len(prompts))
     assert got.tokens == expected.tokens
     for seq_id, rows in expected.last_logits.items():
         assert len(got.last_logits[seq_id]) == len(rows)
@@ -126,19 +147,18 @@ def switch_back() -> Iterator[None]:
         "--no-cpu-layer-loop",
         "--no-cpu-matmul-kernel",
         "--no-fused-ops",
-        pytest.param("--small-batch-kernel", marks=BF16_LOOP.marks),
+        pytest.param("--small-batch-kernel --no-cpu-matmul-kernel", marks=BF16_MARKS),
     ],
 )
 def test_the_modules_run_where_the_loop_does_not_apply(
     why: str, tiny_checkpoint: Callable[[str], Path], loop_calls: list[int]
 ) -> None:
-    dtype = {"float16": torch.float16, "--small-batch-kernel": torch.bfloat16}.get(
-        why, torch.float32
-    )
+    small_batch = why.startswith("--small-batch-kernel")
+    dtype = torch.bfloat16 if small_batch else torch.float16 if why == "float16" else torch.float32
     llama_cpu_loop.set_enabled(why != "--no-cpu-layer-loop")
-    cpu_matmul.set_enabled(why != "--no-cpu-matmul-kernel")
+    cpu_matmul.set_enabled(not why.endswith("--no-cpu-matmul-kernel"))
     fused.set_enabled(why != "--no-fused-ops")
-    if why == "--small-batch-kernel":  # the GEMV kernel reads the plain weights: one thread
+    if small_batch:  # the GEMV kernel reads the plain weights: one thread, the bf16 kernel off
         gemv.enable()
         torch.set_num_threads(1)
     runners = make_runners(tiny_checkpoint("llama"), 1, 32, dtype=dtype)

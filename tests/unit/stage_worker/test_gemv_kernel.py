@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from stage_worker import native
-from stage_worker.layers import ColumnParallelLinear, gemv
+from stage_worker.layers import ColumnParallelLinear, cpu_matmul, gemv
 
 
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The kernel enabled with one torch thread, or the test skipped where it cannot run."""
+    """The kernel enabled with one torch thread (the bf16 matmul kernel, which supersedes it,
+    off), or the test skipped where it cannot run."""
     monkeypatch.setattr(gemv, "_enabled", True)
+    monkeypatch.setattr(cpu_matmul, "_enabled", False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -12,8 +12,14 @@ import torch
 
 from stage_worker import native
 from stage_worker.comm import TPGroup
-from stage_worker.layers import ColumnParallelLinear, cpu_matmul, matmul_bf16
-from stage_worker.layers.embedding import ParallelLMHead
+from stage_worker.layers import (
+    ColumnParallelLinear,
+    cpu_matmul,
+    exact_logits,
+    gemv,
+    matmul_bf16,
+)
+from stage_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -59,12 +65,19 @@ def test_the_thread_count_moves_no_bit() -> None:
     assert torch.equal(matmul_bf16.linear(x, packed), one)
 
 
-def test_a_strided_input_row_is_read_correctly() -> None:
-    x = torch.randn(3, 128).to(torch.bfloat16)[:, :64]  # row stride 128, 64 features
-    w = torch.randn(8, 64).to(torch.bfloat16)
+@pytest.mark.parametrize(("m", "k"), [(3, 64), (25, 63), (64, 33)])
+def test_strided_input_rows_are_read_correctly(m: int, k: int) -> None:
+    x = torch.randn(m, 128).to(torch.bfloat16)[:, :k]  # row stride 128, k features
+    w = torch.randn(40, k).to(torch.bfloat16)
     torch.testing.assert_close(
-        product(x, w).float(), x.float() @ w.float().T, rtol=2**-7, atol=0.01
+        product(x, w).float(), x.float() @ w.float().T, rtol=2**-7, atol=1e-4 * k
     )
+
+
+def test_x_of_another_width_is_refused() -> None:
+    packed = matmul_bf16.pack(torch.randn(48, 66).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="65 features"):  # 33 pairs hold 65 inputs too
+        matmul_bf16.linear(torch.randn(2, 65).to(torch.bfloat16), packed)
 
 
 def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
@@ -91,16 +104,67 @@ def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
     assert calls == [1, matmul_bf16.MAX_TOKENS]
 
 
-def test_the_lm_head_takes_it_too() -> None:
+@pytest.mark.parametrize("m", [1, 7, 30])
+def test_float32_out_is_the_sums_the_bf16_out_rounds(m: int) -> None:
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 101, generator=gen).to(torch.bfloat16)
+    packed = matmul_bf16.pack(torch.randn(37, 101, generator=gen).to(torch.bfloat16))
+    sums = matmul_bf16.linear(x, packed, torch.float32)
+    assert sums.dtype == torch.float32
+    # vcvtneps2bf16 rounds as torch does (nearest, ties to even): the same bits
+    assert torch.equal(matmul_bf16.linear(x, packed), sums.to(torch.bfloat16))
+
+
+def test_the_lm_head_takes_it_with_float32_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     head = ParallelLMHead(100, 64, TPGroup(), "cpu", torch.bfloat16)
     weight = torch.randn(100, 64).to(torch.bfloat16)
     head.weight.data.copy_(weight)
     head.pack(None)
     assert head.bf16 is not None
-    hidden = torch.randn(3, 64).to(torch.bfloat16)
-    logits = head(hidden)
-    assert logits.dtype == torch.float32
-    torch.testing.assert_close(logits, hidden.float() @ weight.float().T, rtol=2**-7, atol=0.05)
+    refined: list[int] = []
+    refine = exact_logits.refine
+
+    def counted(logits: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        refined.append(logits.shape[0])
+        return refine(logits, *args)
+
+    monkeypatch.setattr(exact_logits, "refine", counted)
+    for rows in (3, matmul_bf16.MAX_TOKENS + 1):  # the kernel's float32 sums; oneDNN's, refined
+        hidden = torch.randn(rows, 64).to(torch.bfloat16)
+        logits = head(hidden)
+        want = hidden.float() @ weight.float().T
+        assert logits.dtype == torch.float32
+        if rows <= matmul_bf16.MAX_TOKENS:  # float32 sums in another order: float32's error
+            torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(logits, want, rtol=2**-7, atol=0.05)
+    assert refined == [matmul_bf16.MAX_TOKENS + 1]  # nothing rounded, nothing to refine
+
+
+def test_a_tied_head_keeps_the_embedding_rows_and_takes_the_kernel() -> None:
+    embedding = VocabParallelEmbedding(100, 64, TPGroup(), "cpu", torch.bfloat16)
+    embedding.weight.data.copy_(torch.randn(100, 64).to(torch.bfloat16))
+    head = ParallelLMHead(100, 64, TPGroup(), "cpu", torch.bfloat16)
+    head.weight = embedding.weight
+    head.pack(embedding)
+    assert head.bf16 is not None and head.weight is embedding.weight  # rows kept for lookups
+    hidden = torch.randn(2, 64).to(torch.bfloat16)
+    want = hidden.float() @ embedding.weight.float().T
+    torch.testing.assert_close(head(hidden), want, rtol=1e-5, atol=1e-5)
+    ids = torch.tensor([3, 97])
+    assert torch.equal(embedding(ids), embedding.weight[ids])
+
+
+@pytest.mark.usefixtures("threads")
+def test_the_small_batch_gemv_stands_aside_where_the_kernel_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gemv, "_enabled", True)  # --small-batch-kernel, one thread
+    torch.set_num_threads(1)
+    layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
+    layer.load(torch.randn(48, 64).to(torch.bfloat16))
+    layer.pack()
+    assert layer.bf16 is not None and layer.plain is None  # no third copy
 
 
 def test_no_cpu_matmul_kernel_leaves_bf16_to_onednn() -> None:
