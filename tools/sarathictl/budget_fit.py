@@ -1,26 +1,29 @@
-"""The token budget of one stage on every core (PP=1), fitted to this machine from what
-`sarathictl tune-layout` measured there: a lone request's first token and its pace after it.
+"""The token budget `up --local` runs, fitted to this machine from what `sarathictl tune-layout`
+measured there: a lone request's first token and its pace after it.
 
 Why: the budget trades two things. A step carries a fixed cost whatever it holds (the weights
 read once, the LM head, the layers' dispatch), so small chunks pay it many times over a prompt
 and lose throughput; a step of many prompt tokens makes every running decode wait that long for
-its next token. The constant budget up ran before (64) was measured on the AVX2 EPYC, where a
-64-token chunk took 150 ms; on a Zen 5 EPYC in bf16 the same chunk takes 32 ms, and budget 128
-served 1.11x the requests at saturation while its P99 TBT stayed inside the strict SLO
-(BENCHMARKS.md, session 26). The machine's own costs should set it.
+its next token. The paper (section 4.3) derives the budget from the TBT SLO: the largest whose
+step keeps the decodes riding with it within it.
 
-The rule: the largest budget whose step, predicted from the lone request, takes at most
-STRICT_TBT_MULTIPLE times a lone decode step, so that a decode riding with a full chunk waits
-no longer than a strict TBT SLO allows. The unit is our own lone decode step, the one this
-machine's figures give; `make bench-vs-vllm` sets its strict SLO at 5x vLLM's median TBT at
-0.25 req/s, a lightly loaded decode step of about the same size. The paper's is 5x a decode
-step of a batch of 32, which on a CPU is about 3x a lone one: looser, and a larger budget.
+The rule: the SLO is the paper's strict one (slo_rule.py), 5x a decode step of a batch of 32,
+predicted from the line through the lone request's figures; the budget is the largest multiple
+of the 32-token tile whose step, PP of them one after another, times P99_GAP_OVER_STEP stays
+within that SLO.
 
-What the line leaves out, all of it on the side of smaller budgets: the 256-token step's
-attention grows with the square of its length and the request's own overhead rides in the
-TTFT, so both count as cost per token and a short chunk is predicted dearer than it is (on the
-Zen 1 EPYC's figures, 219 ms for 64 tokens, where 150 was measured in session 12); and the
-decodes that ride in a step are counted only as tokens.
+Why not our own lone decode step as the unit (the rule of sessions 27-28, 5x of it): every
+speed-up of our decode then shrank the budget and cost throughput (on the Zen 5 EPYC in bf16,
+budget 64 where 128 to 192 served 6-17% more requests within the same SLO). A batch of 32 is
+the paper's unit and the planner's (`sarathictl plan --tbt-slo strict`): one target for every
+command. On a CPU its step is about twice a lone decode step. In the line's terms the budget is
+the largest choice up to 2.33 * fixed / per_token + 106 at PP=1 and 0.67 * fixed / per_token +
+53 at PP=2 (at least 96 and 32), so some budget always fits at the depths tune-layout runs.
+
+What the line leaves out: the 256-token step's attention grows with the square of its length
+and the request's own overhead rides in the TTFT, so both count as cost per token: a short
+chunk is predicted dearer than it is (on the Zen 1 EPYC's figures, 219 ms for 64 tokens, where
+150 was measured in session 12), and a decode's cost is predicted as a prompt token's.
 """
 
 from __future__ import annotations
@@ -28,13 +31,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-STRICT_TBT_MULTIPLE = 5.0
-"""A step carrying a full chunk may take this many times a lone decode step (the strict TBT SLO
-of `make bench-vs-vllm`)."""
+from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
-BUDGET_CHOICES = (32, 64, 128, 256, 512)
-"""The budgets the rule picks from: multiples of the scheduler's default 32-token tile, at most
-up's idle budget (512), which the budget may not exceed."""
+TILE_TOKENS = 32
+"""The scheduler's default matmul tile: every budget is a multiple of it."""
+
+P99_GAP_OVER_STEP = 1.5
+"""A decode's P99 gap between tokens over the predicted step of a full budget, as the client
+measures it: on the Zen 5 EPYC in bf16, below saturation, 1.14x-1.53x at budgets 64 to 256
+(BENCHMARKS.md, session 29), about 15 ms over the step whatever the budget (the controller and
+the HTTP server share the cores with the worker). The controller's SLO mode allows 1.25x
+(controller/slo.py: DEFAULT_HEADROOM), enough for a GPU's steadier steps, not for these."""
+
+BUDGET_CHOICES = tuple(range(TILE_TOKENS, 512 + 1, TILE_TOKENS))
+"""The budgets the rule picks from: every multiple of the tile up to up's idle budget (512),
+which the budget may not exceed."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,16 @@ class StepFit:
 
     def step_ms(self, tokens: int) -> float:
         return self.fixed_ms + self.per_token_ms * tokens
+
+    def strict_tbt_slo_ms(self) -> float:
+        """The paper's strict SLO on this machine: 5x a decode step of a batch of 32."""
+        return SLO_FACTORS["strict"] * self.step_ms(SLO_BATCH)
+
+    def stage_limit_ms(self, pp: int) -> float:
+        """The longest a full step of one stage may take: a decode's next token waits for all
+        PP stages' steps, each about as long as the one stage's at the same budget (a stage
+        holds 1/PP of the layers on 1/PP of the cores), and the P99 gap exceeds the step."""
+        return self.strict_tbt_slo_ms() / P99_GAP_OVER_STEP / pp
 
 
 def fit_steps(
@@ -68,9 +89,9 @@ def fit_steps(
     return StepFit(fixed_ms, per_token_ms)
 
 
-def fitted_budget(fit: StepFit) -> int:
-    """The largest of BUDGET_CHOICES whose step takes at most STRICT_TBT_MULTIPLE decode steps;
-    the smallest choice where none does (the tile: a prompt must move)."""
-    limit_ms = STRICT_TBT_MULTIPLE * fit.step_ms(1)
+def fitted_budget(fit: StepFit, pp: int = 1) -> int:
+    """The largest of BUDGET_CHOICES whose step fits fit.stage_limit_ms(pp); the smallest
+    choice where none does (the tile: a prompt must move)."""
+    limit_ms = fit.stage_limit_ms(pp)
     fitting = [b for b in BUDGET_CHOICES if fit.step_ms(b) <= limit_ms]
     return max(fitting, default=BUDGET_CHOICES[0])

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sarathictl.budget_fit import BUDGET_CHOICES, STRICT_TBT_MULTIPLE, fitted_budget
+from sarathictl.budget_fit import P99_GAP_OVER_STEP, StepFit, fitted_budget
 from sarathictl.layout_file import (
     LayoutFigures,
     LayoutFileError,
@@ -20,6 +20,7 @@ from sarathictl.layout_file import (
     read_measured,
 )
 from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS
+from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
 
 def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -139,59 +140,40 @@ class LayoutChoice:
 
 
 def fitted_layout(figures: LayoutFigures, one_stage: LayoutFigures | None = None) -> AutoLayout:
-    """The named layout of `figures`' depth with its budget fitted to the steps tune-layout
-    measured (budget_fit.py): at PP=1 from those figures; at PP=2 half of what `one_stage` (the
-    PP=1 figures of the same dtype) fits, for a pipeline's lone TTFT overlaps its chunks across
-    the stages, which the fit's line does not model (pipeline_budget says why half)."""
-    if figures.pp == 2:
-        return _pipeline_layout(one_stage)
-    layout = PP1_LAYOUT  # the depths tune-layout runs: 1 and 2
-    fit = figures.step_fit()
-    if fit is None:
-        why = (
-            "`sarathictl tune-layout` again fits it to this machine"
-            if figures.prompt_tokens == 0  # measured before the fit existed
-            else "the measured figures admit no fit (a TTFT no longer than its decodes: noise)"
-        )
-        return dataclasses.replace(layout, why_budget=f"{layout.why_budget}; {why}")
-    budget = fitted_budget(fit)
-    step_ms, limit_ms = fit.step_ms(budget), STRICT_TBT_MULTIPLE * fit.step_ms(1)
-    rule = (
-        f"the largest whose step, about {step_ms:.0f} ms, stays within"
-        if step_ms <= limit_ms
-        else f"the smallest there is: even its step, about {step_ms:.0f} ms, exceeds"
-    )
+    """The named layout of `figures`' depth with its budget fitted (budget_fit.py) to the steps
+    of the PP=1 figures of the same dtype: `figures` at PP=1, `one_stage` at PP=2 (a pipeline's
+    lone TTFT overlaps its chunks across the stages, which the fit's line does not model)."""
+    layout = LAYOUTS[figures.pp]
+    fit_from = figures if layout.pp == 1 else one_stage
+    fit = None if fit_from is None else fit_from.step_fit()
+    if fit is not None:
+        budget = fitted_budget(fit, layout.pp)
+        why_fitted = _why_fitted(fit, budget, layout.pp)
+        return dataclasses.replace(layout, budget_tokens=budget, why_budget=why_fitted)
+    if layout.pp != 1:
+        return layout  # a pipeline without one stage's fit keeps its constant budget
     why = (
+        "`sarathictl tune-layout` again fits it to this machine"
+        if figures.prompt_tokens == 0  # measured before the fit existed
+        else "the measured figures admit no fit (a TTFT no longer than its decodes: noise)"
+    )
+    return dataclasses.replace(layout, why_budget=f"{layout.why_budget}; {why}")
+
+
+def _why_fitted(fit: StepFit, budget: int, pp: int) -> str:
+    """up's line on a fitted budget: the step's cost, the SLO and how the budget meets it. At
+    the depths tune-layout runs (1, 2) some budget always fits (budget_fit.py says why)."""
+    steps = "step" if pp == 1 else f"step on each of the {pp} stages"
+    per_stage = "" if pp == 1 else f" and {pp} (the stages' steps a token waits for)"
+    return (
         f"budget {budget}: fitted to the steps `sarathictl tune-layout` measured here (about "
-        f"{fit.fixed_ms:.1f} ms a step and {fit.per_token_ms:.3f} ms a token): {rule} "
-        f"{STRICT_TBT_MULTIPLE:g}x a lone decode step ({limit_ms:.0f} ms: a strict TBT SLO), so "
-        "that fewer steps pay the fixed cost while decodes keep their pace (--budget to choose)"
+        f"{fit.fixed_ms:.1f} ms a step and {fit.per_token_ms:.3f} ms a token): the largest "
+        f"whose {steps}, about {fit.step_ms(budget):.0f} ms, stays within "
+        f"{fit.stage_limit_ms(pp):.0f} ms: the strict TBT SLO ({fit.strict_tbt_slo_ms():.0f} "
+        f"ms, {SLO_FACTORS['strict']:g}x a decode step of a batch of {SLO_BATCH}) over "
+        f"{P99_GAP_OVER_STEP:g} (a P99 gap's excess over the step){per_stage}, so that fewer "
+        "steps pay the fixed cost while decodes keep their pace (--budget to choose)"
     )
-    return dataclasses.replace(layout, budget_tokens=budget, why_budget=why)
-
-
-def _pipeline_layout(one_stage: LayoutFigures | None) -> AutoLayout:
-    """PP2_LAYOUT at pipeline_budget of the PP=1 budget `one_stage` fits; as it is without a
-    fit."""
-    if one_stage is None or one_stage.step_fit() is None:
-        return PP2_LAYOUT
-    one_stage_budget = fitted_layout(one_stage).budget_tokens
-    budget = pipeline_budget(one_stage_budget)
-    why = (
-        f"budget {budget}: half the budget fitted to this machine's one-stage steps "
-        f"({one_stage_budget}), since a decode's next token waits on both stages, each "
-        "about as long as the one stage at the same budget (--budget to choose)"
-    )
-    return dataclasses.replace(PP2_LAYOUT, budget_tokens=budget, why_budget=why)
-
-
-def pipeline_budget(one_stage_budget: int) -> int:
-    """A two-stage pipeline's budget where one stage on every core fits `one_stage_budget`: a
-    stage holds half the layers on half the cores, so its step takes about what the one stage's
-    does at the same budget, and a decode's time between tokens is both stages' steps: half the
-    budget keeps it. Measured on the Zen 5 EPYC (BENCHMARKS, session 27): at 64 the pipeline
-    served 1.5 req/s under the strict SLO, at 128 0.25."""
-    return max(BUDGET_CHOICES[0], one_stage_budget // 2)
 
 
 def machine_layout(

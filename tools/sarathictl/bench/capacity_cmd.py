@@ -27,10 +27,10 @@ from sarathictl.bench.capacity import (
     ProbeResult,
     search_capacity,
 )
-from sarathictl.bench.live_capacity import SLO_FACTORS
 from sarathictl.bench.progress import probe_printer, rate, say
 from sarathictl.bench.sim_args import add_setup_args, setup_from_args
 from sarathictl.bench.sim_run import PreparedSim, SimSetup, prepare
+from sarathictl.slo_rule import SLO_FACTORS
 
 
 def first_guess_qps(sim: PreparedSim) -> float:

@@ -29,6 +29,7 @@ from sarathictl.bench.progress import probe_line, rate, say
 from sarathictl.bench.step_log_lines import lines_sent_since
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.slo_rule import SLO_FACTORS
 
 
 @dataclass
@@ -129,7 +130,6 @@ def step_log_size(cluster: LocalCluster) -> int:
     return cluster.step_log_path.stat().st_size if cluster.config.step_log else 0
 
 
-SLO_FACTORS = {"strict": 5.0, "relaxed": 25.0}
 MIN_PROBE_REQUESTS = 8
 MIN_QPS_FRACTION = 1 / 32
 """The search stops halving below initial_qps times this (capacity then reads 0)."""

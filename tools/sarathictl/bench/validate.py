@@ -31,13 +31,14 @@ from typing import Any
 from controller.simulator.linear_profile import StageCoefficients
 from sarathictl.bench.calibrate import Calibration, calibrate, fit_error, profile_rows
 from sarathictl.bench.capacity_cmd import measure_capacity
-from sarathictl.bench.live_capacity import SLO_FACTORS, with_budget
+from sarathictl.bench.live_capacity import with_budget
 from sarathictl.bench.live_load import replay, scale_requests
 from sarathictl.bench.metrics import ServingMetrics
 from sarathictl.bench.sim_run import SimSetup, prepare
 from sarathictl.bench.step_log_lines import read_step_log
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.slo_rule import SLO_FACTORS
 
 POLICIES = ("sarathi", "vllm", "orca")
 

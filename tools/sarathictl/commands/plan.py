@@ -23,7 +23,6 @@ from sarathictl.argtypes import (
     int_at_least,
     one_of,
 )
-from sarathictl.bench.live_capacity import SLO_FACTORS
 from sarathictl.bench.progress import say
 from sarathictl.bench.sim_args import add_arrival_args, add_prefix_args, workload_from_args
 from sarathictl.bench.workloads import WorkloadSpec, unit_rate_requests, workload_flag
@@ -34,6 +33,7 @@ from sarathictl.plan.report import print_table
 from sarathictl.plan.search import Skipped, candidates_for, run_all
 from sarathictl.plan.slo import resolve_slo_s
 from sarathictl.plan.space import ClusterSpec, feasible_layouts
+from sarathictl.slo_rule import SLO_FACTORS
 
 TILE_TOKENS = 32
 DEFAULT_BUDGETS = (256, 512, 1024, 2048)

@@ -9,11 +9,9 @@ compared under the same target."""
 from __future__ import annotations
 
 from controller.simulator import AnalyticCostModel
-from sarathictl.bench.live_capacity import SLO_FACTORS
 from sarathictl.bench.paper import SLOS_S
 from sarathictl.plan.space import ClusterSpec, Layout, deployment_of
-
-SLO_BATCH = 32
+from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
 
 def reference_layout(layouts: list[Layout]) -> Layout:
