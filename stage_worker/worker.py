@@ -39,7 +39,7 @@ from stage_worker.control_socket import ControlSocket, PeerWait
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
-from stage_worker.layers import cpu_matmul, fused, gemv
+from stage_worker.layers import cpu_matmul, fused, gemv, matmul_bf16, matmul_bf16_dispatch
 from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
@@ -302,6 +302,7 @@ class StageWorker:
             cfg.device,
             time.monotonic() - t0,
         )
+        _measure_bf16_reach(model)
         return model
 
     def run(self) -> int:
@@ -659,3 +660,18 @@ def pack_prompt_logprobs(
             chunk.logprobs.append(entry.logprob)
             chunk.top_token_ids.extend(entry.top_token_ids)
             chunk.top_logprobs.extend(entry.top_logprobs)
+
+
+def _measure_bf16_reach(model: StageModel) -> None:
+    """Up to how many tokens this CPU's bf16 steps run the package's kernel, measured against
+    oneDNN on the stage's own weights (matmul_bf16_dispatch.py); where it loses even at one
+    token its panels are freed. Nothing where no weight has panels (no such kernel here)."""
+    pairs = model.bf16_panels()
+    if not pairs:
+        return
+    t0 = time.monotonic()
+    calibration = matmul_bf16_dispatch.measure(pairs)
+    matmul_bf16.REACH.max_tokens = calibration.max_tokens
+    if calibration.max_tokens == 0:
+        model.drop_bf16_panels()
+    logger.info("%s, in %.2f s", calibration.describe(), time.monotonic() - t0)

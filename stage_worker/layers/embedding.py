@@ -118,7 +118,7 @@ class ParallelLMHead(nn.Module):
             # the float32 sums handed back unrounded: no ties made by rounding, nothing to
             # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-        elif self.bf16 is not None and hidden.shape[0] <= matmul_bf16.MAX_TOKENS:
+        elif self.bf16 is not None and hidden.shape[0] <= matmul_bf16.REACH.max_tokens:
             # the CPU's bf16 kernel hands its float32 sums back unrounded too
             logits = matmul_bf16.linear(hidden, self.bf16, torch.float32)
         else:

@@ -12,9 +12,9 @@ within half a step of the exact one, so the exact maximum is among those within 
 rounded maximum, and everything outside the band is below it. The rest of the row keeps its
 rounding (a sampled tail, log-probabilities below the top), as in transformers and vLLM.
 
-Where the CPU has AVX-512 with bf16, a head scoring up to matmul_bf16.MAX_TOKENS rows (every
-decode step's) runs the package's kernel, which hands its float32 sums back unrounded: those
-logits need nothing from here (embedding.py).
+Where the CPU has AVX-512 with bf16, a head scoring up to matmul_bf16.REACH.max_tokens rows (a
+decode step's, where the kernel is the faster) runs the package's kernel, which hands its
+float32 sums back unrounded: those logits need nothing from here (embedding.py).
 """
 
 from __future__ import annotations

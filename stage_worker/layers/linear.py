@@ -31,7 +31,7 @@ def linear(
     as the bf16 kernel's panels (matmul_bf16.py), or None. Each kernel takes the steps it is
     fastest at."""
     n = x.shape[0]
-    if bf16 is not None and n <= matmul_bf16.MAX_TOKENS:
+    if bf16 is not None and n <= matmul_bf16.REACH.max_tokens:
         return matmul_bf16.linear(x, bf16)
     if plain is not None and n <= gemv.MAX_TOKENS:
         return gemv.linear(x, plain)

@@ -27,7 +27,19 @@ from stage_worker import native
 from stage_worker.layers import cpu_matmul
 
 MAX_TOKENS = 64
-"""Steps of up to this many tokens run the kernel, larger ones oneDNN (module docstring)."""
+"""Steps of up to this many tokens run the kernel, larger ones oneDNN (module docstring), until
+a worker has measured its CPU (REACH)."""
+
+
+@dataclass
+class Reach:
+    """Up to how many tokens the layers run the kernel: MAX_TOKENS, or what the worker measured
+    at load on this CPU (matmul_bf16_dispatch.py)."""
+
+    max_tokens: int = MAX_TOKENS
+
+
+REACH = Reach()
 
 
 @dataclass(frozen=True)

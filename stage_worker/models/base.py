@@ -18,6 +18,7 @@ from stage_worker.layers import (
     ShardedLinear,
     VocabParallelEmbedding,
 )
+from stage_worker.layers.matmul_bf16 import PackedBf16
 
 
 class StageLayer(nn.Module):
@@ -169,6 +170,22 @@ class StageModel(nn.Module):
                 if t is not None and _address(t) not in held:
                     copies[_address(t)] = t.numel() * t.element_size()
         return sum(copies.values())
+
+    def bf16_panels(self) -> list[tuple[torch.Tensor, PackedBf16]]:
+        """(weight as oneDNN reads it, its bf16 kernel panels) of every linear layer holding
+        both, in the stage's order: what matmul_bf16_dispatch.py times."""
+        return [
+            (m.weight, m.bf16)
+            for m in self.modules()
+            if isinstance(m, ShardedLinear) and m.bf16 is not None
+        ]
+
+    def drop_bf16_panels(self) -> None:
+        """Frees every bf16 kernel panel, the LM head's too: where the kernel is slower at every
+        step size, they are weights held twice for nothing."""
+        for module in self.modules():
+            if isinstance(module, (ShardedLinear, ParallelLMHead)):
+                module.bf16 = None
 
 
 def _address(t: torch.Tensor) -> int:

@@ -80,9 +80,11 @@ def test_x_of_another_width_is_refused() -> None:
         matmul_bf16.linear(torch.randn(2, 65).to(torch.bfloat16), packed)
 
 
+@pytest.mark.parametrize("reach", [matmul_bf16.MAX_TOKENS, 8], ids=["default", "measured-8"])
 def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, reach: int
 ) -> None:
+    monkeypatch.setattr(matmul_bf16.REACH, "max_tokens", reach)  # as a worker measured it
     layer = ColumnParallelLinear(64, 48, "cpu", torch.bfloat16)
     weight = torch.randn(48, 64).to(torch.bfloat16)
     layer.load(weight)
@@ -96,12 +98,12 @@ def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
         return kernel(x, w)
 
     monkeypatch.setattr(matmul_bf16, "linear", counted)
-    for tokens in (1, matmul_bf16.MAX_TOKENS, matmul_bf16.MAX_TOKENS + 1):
+    for tokens in (1, reach, reach + 1):
         x = torch.randn(tokens, 64).to(torch.bfloat16)
         torch.testing.assert_close(
             layer(x).float(), x.float() @ weight.float().T, rtol=2**-7, atol=0.05
         )
-    assert calls == [1, matmul_bf16.MAX_TOKENS]
+    assert calls == [1, reach]
 
 
 @pytest.mark.parametrize("m", [1, 7, 30])

@@ -1,0 +1,119 @@
+"""Up to how many tokens a step's bf16 matmuls run the package's kernel (matmul_bf16.py) rather
+than oneDNN on this CPU: measured once, when a worker has loaded its weights.
+
+Why measure rather than fix a number: on the Zen 5 EPYC (AVX512-BF16, no AMX) the kernel is the
+faster one up to about 96 tokens (BENCHMARKS "A bf16 matmul for decode steps"), and 64 is the
+default. A Xeon with AMX runs oneDNN's bf16 matmuls on its tile unit, several times the
+arithmetic of the vdpbf16ps the kernel issues, so there oneDNN may win from a few tokens on; no
+session has measured one since the kernel was written. The worker therefore times both, each
+over enough of its own weights to stream them from memory as a step does, at the token counts
+of COUNTS, and keeps the kernel up to the last count before its first loss.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stage_worker.layers import matmul_bf16, onednn
+
+COUNTS = (1, 8, 16, 32, 48, 64)
+"""The token counts measured; the last is the kernel's reach unmeasured (matmul_bf16's
+default, MAX_TOKENS)."""
+
+SWEEP_BYTES = 256 << 20
+"""Weights a timed sweep reads (the model's first ones, or all where it holds fewer): more
+than any last-level cache of the CPUs measured, so both kernels read from memory."""
+
+ROUNDS = 3
+"""Sweeps per kernel and count; the median is kept, the kernels taking turns."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What was measured and what it chose (the worker logs `describe()`)."""
+
+    counts: tuple[int, ...]
+    kernel_ms: tuple[float, ...]
+    onednn_ms: tuple[float, ...]
+    max_tokens: int
+
+    def describe(self) -> str:
+        ratios = ", ".join(
+            f"{n}: {o / k:.2f}x"
+            for n, k, o in zip(self.counts, self.kernel_ms, self.onednn_ms, strict=True)
+        )
+        return (
+            f"bf16 matmul kernel up to {self.max_tokens} tokens, oneDNN past them (its speed "
+            f"over oneDNN's by tokens, measured at load: {ratios})"
+        )
+
+
+def crossover(counts: Sequence[int], kernel_ms: Sequence[float], onednn_ms: Sequence[float]) -> int:
+    """The largest of `counts` (ascending) up to which the kernel was at least as fast at every
+    count; 0 where it lost at the first."""
+    reach = 0
+    for n, kernel, other in zip(counts, kernel_ms, onednn_ms, strict=True):
+        if kernel > other:
+            break
+        reach = n
+    return reach
+
+
+Weights = list[tuple[torch.Tensor, matmul_bf16.PackedBf16]]
+"""(the weight as oneDNN reads it, the same weight's panels)."""
+
+
+def sweep_weights(pairs: Weights) -> Weights:
+    """The first of `pairs` whose panels add up to SWEEP_BYTES (all where they hold fewer)."""
+    taken: Weights = []
+    total = 0
+    for pair in pairs:
+        if total >= SWEEP_BYTES:
+            break
+        taken.append(pair)
+        total += pair[1].panels.numel() * pair[1].panels.element_size()
+    return taken
+
+
+def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS) -> Calibration:
+    """Each count's median sweep time over `pairs` on the kernel and on oneDNN, and the
+    crossover. pairs: non-empty; the inputs are random bf16 rows, [count, in] per weight."""
+    weights = sweep_weights(pairs)
+    widths = {packed.in_features for _, packed in weights}
+    rows = {w: torch.randn(max(counts), w).to(torch.bfloat16) for w in widths}  # [n, in]
+
+    def kernel(n: int) -> None:
+        for _, packed in weights:
+            matmul_bf16.linear(rows[packed.in_features][:n], packed)
+
+    def other(n: int) -> None:
+        for weight, packed in weights:
+            onednn.linear(rows[packed.in_features][:n], weight)
+
+    kernel_ms, onednn_ms = [], []
+    for n in counts:
+        kernel(n)  # warm: first touches, and oneDNN's primitive for this shape
+        other(n)
+        pair = _timed_turns((kernel, other), n, rounds)
+        kernel_ms.append(pair[0])
+        onednn_ms.append(pair[1])
+    reach = crossover(counts, kernel_ms, onednn_ms)
+    return Calibration(tuple(counts), tuple(kernel_ms), tuple(onednn_ms), reach)
+
+
+def _timed_turns(runs: tuple[Callable[[int], None], ...], n: int, rounds: int) -> list[float]:
+    """Each run's median ms over `rounds`, the runs taking turns (first one first, then last
+    one first: a drift weighs on both alike)."""
+    times: list[list[float]] = [[] for _ in runs]
+    for r in range(rounds):
+        order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+        for i in order:
+            start = time.perf_counter()
+            runs[i](n)
+            times[i].append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
