@@ -7,9 +7,10 @@ arithmetic limits it (8.4 ms for the demo model's layers at 12 tokens against 6.
 kernel streams its own panels, asking for each line 8 KiB ahead: 1.3x-1.5x oneDNN's speed at
 one token, 1.5x-2x at 8 to 16, 1.1x-1.2x at 32 to 64; from about 96 tokens oneDNN is as fast or
 faster, so steps of more than MAX_TOKENS run oneDNN (BENCHMARKS "A bf16 matmul for decode
-steps"). Each bf16 weight is then held twice on such a CPU, as panels and in oneDNN's layout.
-An LM head takes the kernel's float32 sums unrounded (no near-ties made exact ties: see
-exact_logits.py).
+steps"), or of more than the reach a worker measures on its CPU at load (REACH,
+matmul_bf16_dispatch.py: a CPU with AMX may run oneDNN faster from fewer tokens). Each bf16
+weight is then held twice on such a CPU, as panels and in oneDNN's layout. An LM head takes
+the kernel's float32 sums unrounded (no near-ties made exact ties: see exact_logits.py).
 
 On by default wherever it runs (x86-64 with AVX-512 and its bf16 instructions, the package's C
 module built); `--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` leaves
