@@ -292,6 +292,8 @@ class StageWorker:
             )
         finally:
             reader.close()
+        load_s = time.monotonic() - t0
+        _measure_bf16_reach(model)  # first: it may free the bf16 panels the next line counts
         logger.info(
             "loaded layers %d..%d (%.1f MiB, and %.1f MiB of them again in kernels' layouts) "
             "on %s in %.2f s",
@@ -300,9 +302,8 @@ class StageWorker:
             model.param_bytes / 2**20,
             model.kernel_copy_bytes / 2**20,
             cfg.device,
-            time.monotonic() - t0,
+            load_s,
         )
-        _measure_bf16_reach(model)
         return model
 
     def run(self) -> int:

@@ -7,7 +7,10 @@ default. A Xeon with AMX runs oneDNN's bf16 matmuls on its tile unit, several ti
 arithmetic of the vdpbf16ps the kernel issues, so there oneDNN may win from a few tokens on; no
 session has measured one since the kernel was written. The worker therefore times both, each
 over enough of its own weights to stream them from memory as a step does, at the token counts
-of COUNTS, and keeps the kernel up to the last count before its first loss.
+of COUNTS, and keeps the kernel up to the last count before its first clear loss (LOSS_MARGIN:
+a median of 3 on a shared machine moves by a few percent, and the kernel led by 9% or more at
+every count on the Zen 5 EPYC; AMX should lead by a factor, not by noise). The layers' reach
+also serves the LM head, whose rows are a decode step's sequences.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import torch
 
 from stage_worker.layers import matmul_bf16, onednn
 
-COUNTS = (1, 8, 16, 32, 48, 64)
-"""The token counts measured; the last is the kernel's reach unmeasured (matmul_bf16's
-default, MAX_TOKENS)."""
+COUNTS = (1, 8, 16, 32, 48, matmul_bf16.MAX_TOKENS)
+"""The token counts measured; the last is the kernel's reach unmeasured."""
+
+LOSS_MARGIN = 1.05
+"""The kernel loses a count where its median time exceeds oneDNN's by more than this factor."""
 
 SWEEP_BYTES = 256 << 20
 """Weights a timed sweep reads (the model's first ones, or all where it holds fewer): more
@@ -54,11 +59,11 @@ class Calibration:
 
 
 def crossover(counts: Sequence[int], kernel_ms: Sequence[float], onednn_ms: Sequence[float]) -> int:
-    """The largest of `counts` (ascending) up to which the kernel was at least as fast at every
-    count; 0 where it lost at the first."""
+    """The largest of `counts` (ascending) up to which the kernel lost at no count (was not
+    LOSS_MARGIN times slower); 0 where it lost at the first."""
     reach = 0
     for n, kernel, other in zip(counts, kernel_ms, onednn_ms, strict=True):
-        if kernel > other:
+        if kernel > LOSS_MARGIN * other:
             break
         reach = n
     return reach

@@ -84,8 +84,12 @@ def test_a_faster_decode_does_not_shrink_the_budget_below_a_batch_of_32_s_worth(
     cheaper fixed cost leaves the budget at least 96 tokens at PP=1 and 32 at PP=2."""
     for fixed_ms in (0.0, 0.5, 2.0, 8.0):
         fit = StepFit(fixed_ms=fixed_ms, per_token_ms=0.3)
-        assert fitted_budget(fit, 1) >= 96
-        assert fitted_budget(fit, 2) >= 32
+        for pp, least in ((1, 96), (2, 32)):
+            budget = fitted_budget(fit, pp)
+            assert budget >= least
+            assert fit.step_ms(budget) <= fit.stage_limit_ms(pp)  # fitted, not the fallback
+    free = StepFit(fixed_ms=0.0, per_token_ms=0.3)  # no fixed cost at all: the bounds exactly
+    assert (fitted_budget(free, 1), fitted_budget(free, 2)) == (96, 32)
     # and a dearer fixed cost lets more tokens share it
     assert fitted_budget(StepFit(30.0, 0.3), 1) > fitted_budget(StepFit(3.0, 0.3), 1)
 

@@ -16,7 +16,8 @@ Why not our own lone decode step as the unit (the rule of sessions 27-28, 5x of 
 speed-up of our decode then shrank the budget and cost throughput (on the Zen 5 EPYC in bf16,
 budget 64 where 128 to 192 served 6-17% more requests within the same SLO). A batch of 32 is
 the paper's unit and the planner's (`sarathictl plan --tbt-slo strict`): one target for every
-command. On a CPU its step is about twice a lone decode step. In the line's terms the budget is
+command. Its step is about twice a lone decode step on the Zen 5 EPYC in bf16 (six times on the
+Zen 1 EPYC in float32). In the line's terms the budget is
 the largest choice up to 2.33 * fixed / per_token + 106 at PP=1 and 0.67 * fixed / per_token +
 53 at PP=2 (at least 96 and 32), so some budget always fits at the depths tune-layout runs.
 
@@ -39,9 +40,11 @@ TILE_TOKENS = 32
 P99_GAP_OVER_STEP = 1.5
 """A decode's P99 gap between tokens over the predicted step of a full budget, as the client
 measures it: on the Zen 5 EPYC in bf16, below saturation, 1.14x-1.53x at budgets 64 to 256
-(BENCHMARKS.md, session 29), about 15 ms over the step whatever the budget (the controller and
-the HTTP server share the cores with the worker). The controller's SLO mode allows 1.25x
-(controller/slo.py: DEFAULT_HEADROOM), enough for a GPU's steadier steps, not for these."""
+(BENCHMARKS.md, session 29; at most 1.41x from 96, the least the rule picks at PP=1): 10-15 ms
+over the step whatever the budget (the controller and the HTTP server share the cores with
+the worker), so a ratio is cautious at large budgets (about 1.25x at 160). The controller's
+SLO mode allows 1.25x (controller/slo.py: DEFAULT_HEADROOM), enough for a GPU's steadier
+steps, not for these."""
 
 BUDGET_CHOICES = tuple(range(TILE_TOKENS, 512 + 1, TILE_TOKENS))
 """The budgets the rule picks from: every multiple of the tile up to up's idle budget (512),

@@ -125,8 +125,8 @@ class LayoutChoice:
     """The dtype, measured at the depth that runs, else default_dtype's (for --dtype auto)."""
     why_dtype: str
     fitted: AutoLayout | None = None
-    """The depth that runs with its budget fitted to the steps tune-layout measured (PP=1,
-    fitted_layout); None where nothing was measured for it."""
+    """The depth that runs with its budget fitted to the steps tune-layout measured
+    (fitted_layout: PP=1's figures, at either depth); None where nothing was measured for it."""
 
     def budgets_at(self, pp: int, device: str) -> AutoLayout | None:
         """The layout whose budgets go with depth `pp`: the one fitted to this machine; up's
@@ -163,6 +163,7 @@ def fitted_layout(figures: LayoutFigures, one_stage: LayoutFigures | None = None
 def _why_fitted(fit: StepFit, budget: int, pp: int) -> str:
     """up's line on a fitted budget: the step's cost, the SLO and how the budget meets it. At
     the depths tune-layout runs (1, 2) some budget always fits (budget_fit.py says why)."""
+    assert fit.step_ms(budget) <= fit.stage_limit_ms(pp), f"no budget fits at PP={pp}"
     steps = "step" if pp == 1 else f"step on each of the {pp} stages"
     per_stage = "" if pp == 1 else f" and {pp} (the stages' steps a token waits for)"
     return (

@@ -61,7 +61,7 @@ BF16_MARKS = pytest.mark.skipif(
         pytest.param(torch.float32, True, 32, True, id="float32-silu-in-matmul"),
         pytest.param(torch.float32, False, 32, True, id="float32-silu-pass"),
         pytest.param(torch.bfloat16, False, 32, True, id="bfloat16", marks=BF16_MARKS),
-        # steps past matmul_bf16.MAX_TOKENS: their matmuls on oneDNN, the decodes' on the kernel
+        # steps past matmul_bf16.REACH: their matmuls on oneDNN, the decodes' on the kernel
         pytest.param(torch.bfloat16, False, 128, True, id="bfloat16-budget-128", marks=BF16_MARKS),
         # --no-cpu-matmul-kernel: every bf16 matmul on oneDNN, the loop still taking the steps
         pytest.param(torch.bfloat16, False, 32, False, id="bfloat16-onednn", marks=BF16_MARKS),
@@ -113,8 +113,8 @@ def _the_loop_matches_the_modules(
         else:
             assert dtype == torch.bfloat16 and not matmuls.silu_in_matmul
     got = generate(looped, prompts, max_tokens=6, budget_tokens=budget)
-    if budget > matmul_bf16.MAX_TOKENS:
-        assert max(loop_calls) > matmul_bf16.MAX_TOKENS
+    if budget > matmul_bf16.REACH.max_tokens:
+        assert max(loop_calls) > matmul_bf16.REACH.max_tokens
 
     assert len(loop_calls) == got.num_batches * pp  # every step of every stage
     # chunks beside decodes, then decodes only (at 32, one request's alone at the end)

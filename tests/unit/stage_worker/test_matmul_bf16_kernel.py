@@ -117,7 +117,11 @@ def test_float32_out_is_the_sums_the_bf16_out_rounds(m: int) -> None:
     assert torch.equal(matmul_bf16.linear(x, packed), sums.to(torch.bfloat16))
 
 
-def test_the_lm_head_takes_it_with_float32_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("reach", [matmul_bf16.MAX_TOKENS, 2], ids=["default", "measured-2"])
+def test_the_lm_head_takes_it_with_float32_logits(
+    monkeypatch: pytest.MonkeyPatch, reach: int
+) -> None:
+    monkeypatch.setattr(matmul_bf16.REACH, "max_tokens", reach)  # the layers' reach, measured
     head = ParallelLMHead(100, 64, TPGroup(), "cpu", torch.bfloat16)
     weight = torch.randn(100, 64).to(torch.bfloat16)
     head.weight.data.copy_(weight)
@@ -131,16 +135,16 @@ def test_the_lm_head_takes_it_with_float32_logits(monkeypatch: pytest.MonkeyPatc
         return refine(logits, *args)
 
     monkeypatch.setattr(exact_logits, "refine", counted)
-    for rows in (3, matmul_bf16.MAX_TOKENS + 1):  # the kernel's float32 sums; oneDNN's, refined
+    for rows in (reach, reach + 1):  # the kernel's float32 sums; oneDNN's, refined
         hidden = torch.randn(rows, 64).to(torch.bfloat16)
         logits = head(hidden)
         want = hidden.float() @ weight.float().T
         assert logits.dtype == torch.float32
-        if rows <= matmul_bf16.MAX_TOKENS:  # float32 sums in another order: float32's error
+        if rows <= reach:  # float32 sums in another order: float32's error
             torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         else:
             torch.testing.assert_close(logits, want, rtol=2**-7, atol=0.05)
-    assert refined == [matmul_bf16.MAX_TOKENS + 1]  # nothing rounded, nothing to refine
+    assert refined == [reach + 1]  # nothing rounded, nothing to refine
 
 
 def test_a_tied_head_keeps_the_embedding_rows_and_takes_the_kernel() -> None:

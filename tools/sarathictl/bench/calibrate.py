@@ -33,10 +33,13 @@ from sarathictl.bench.live_load import replay
 from sarathictl.bench.step_log_lines import read_step_log, turnaround_s
 from sarathictl.client import Client
 from sarathictl.commands.tune_budget import measure
+from sarathictl.slo_rule import SLO_BATCH
 
 PROMPT_TOKENS = (16, 32, 64, 128, 256, 512)
-DECODE_POINTS = ((1, 64), (8, 64), (32, 64), (16, 384))
-"""(sequences decoding together, their prompt tokens); 32 at 64 is also the SLO's decode step."""
+SLO_POINT = (SLO_BATCH, 64)
+"""The SLO's decode step: a batch of 32 at 64-token prompts (slo_rule.py)."""
+DECODE_POINTS = ((1, 64), (8, 64), SLO_POINT, (16, 384))
+"""(sequences decoding together, their prompt tokens)."""
 DECODE_OUTPUT_TOKENS = 24
 SKIPPED_GAPS = 4
 """Gaps at the start of each request while the others' prompts still prefill."""
@@ -91,7 +94,7 @@ def calibrate(addr: str, step_log: Path, repeats: int, say: Callable[[str], None
     for batch, prompt in DECODE_POINTS:
         gap_s = statistics.median(decode_gap_s(addr, batch, prompt) for _ in range(repeats))
         say(f"calibration: {batch} decodes at {prompt}-token prompts, gap {gap_s * 1e3:.1f} ms")
-        if (batch, prompt) == (32, 64):
+        if (batch, prompt) == SLO_POINT:
             decode32 = gap_s
     lines = read_step_log(step_log, offset)
     rows = profile_rows(lines)

@@ -29,7 +29,7 @@ from sarathictl.bench.progress import probe_line, rate, say
 from sarathictl.bench.step_log_lines import lines_sent_since
 from sarathictl.bench.workloads import WorkloadSpec, make_requests
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
-from sarathictl.slo_rule import SLO_FACTORS
+from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
 
 @dataclass
@@ -53,7 +53,7 @@ class PolicyCapacity:
         return self.search.capacity_qps
 
 
-def decode_step_s(cluster: LocalCluster, batch: int = 32, prompt_tokens: int = 64) -> float:
+def decode_step_s(cluster: LocalCluster, batch: int = SLO_BATCH, prompt_tokens: int = 64) -> float:
     """Median gap between tokens with `batch` requests decoding together (the paper's unit for
     SLOs: strict is 5x, relaxed 25x this)."""
     requests = [SimRequest(0.0, prompt_tokens, 24) for _ in range(batch)]
@@ -238,7 +238,8 @@ class TbtSlo:
             if cluster.config == self.config:
                 self._measure(cluster)
             else:
-                say("[live] starting a cluster to measure the decode step of a batch of 32")
+                batch = SLO_BATCH
+                say(f"[live] starting a cluster to measure the decode step of a batch of {batch}")
                 with LocalCluster(self.config) as own:
                     self._measure(own)
         return self.seconds
