@@ -666,7 +666,8 @@ def pack_prompt_logprobs(
 def _measure_bf16_reach(model: StageModel) -> None:
     """Up to how many tokens this CPU's bf16 steps run the package's kernel, measured against
     oneDNN on the stage's own weights (matmul_bf16_dispatch.py); where it loses even at one
-    token its panels are freed. Nothing where no weight has panels (no such kernel here)."""
+    token its panels are freed, where it wins at every size oneDNN's copies. Nothing where no
+    weight has panels (no such kernel here)."""
     pairs = model.bf16_panels()
     if not pairs:
         return
@@ -675,4 +676,6 @@ def _measure_bf16_reach(model: StageModel) -> None:
     matmul_bf16.REACH.max_tokens = calibration.max_tokens
     if calibration.max_tokens == 0:
         model.drop_bf16_panels()
+    elif calibration.unbounded:
+        model.keep_bf16_panels_only()
     logger.info("%s, in %.2f s", calibration.describe(), time.monotonic() - t0)

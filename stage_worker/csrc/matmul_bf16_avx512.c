@@ -1,4 +1,4 @@
-/* bf16 matmuls of a few tokens for CPU decode steps: y = x @ w.T, on AVX-512 with bf16.
+/* bf16 matmuls for CPU steps of any size: y = x @ w.T, on AVX-512 with bf16.
  *
  * A decode step of a batch reads every weight once for its few tokens, and should cost about
  * what reading the weights costs. oneDNN's packed bf16 kernel (what the layers ran) reads a
@@ -20,6 +20,13 @@
  * the order of the sums differs, so outputs may differ from oneDNN's in their last bit. An LM
  * head asks for the float32 sums themselves (y_f32).
  *
+ * From GROUPED_FROM tokens the arithmetic, not the stream, is the limit, and the loads are:
+ * panel_tokens issues a broadcast for every vdpbf16ps. matmul_grouped takes GROUP panels
+ * against ROWS tokens at once instead (group_tokens), about as fast as oneDNN there: 1.03x-1.1x
+ * its speed at 128 to 512 tokens on the Zen 5 EPYC, where panel_tokens alone fell to 0.8x
+ * (BENCHMARKS "The bf16 kernel at every step size"). So a CPU where it wins at every size may
+ * hold each bf16 weight once, as panels (matmul_bf16_dispatch.py).
+ *
  * Compiled into stage_worker._kernels for AVX-512 with bf16 (kernels.h), called only by
  * module.c after it has checked the shapes, dtypes and the CPU.
  */
@@ -28,12 +35,19 @@
 #if SARATHI_HAVE_X86_KERNELS
 #include <immintrin.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 SARATHI_AVX512_BEGIN
 
 #define PANEL 16
 #define AHEAD 128 /* 64-byte steps between a weight line asked for and its use */
 #define TOKENS_MAX 24 /* sums in registers: 24 of the 32, the rest for the weights */
+#define GROUP 4 /* panels a token block of group_tokens fills at once */
+#define ROWS 6 /* tokens of such a block: GROUP * ROWS = 24 sums in registers */
+#define GROUPED_FROM 48 /* tokens from which matmul_grouped runs: 1.0x-1.1x panel_tokens at 48
+                         * and 64, 1.1x-1.2x at 96 (at 32, 0.95x) */
 #define SPLIT_BELOW 8 /* fewer tokens: two sums each (even and odd pairs), so that consecutive
                        * vdpbf16ps do not wait on each other */
 
@@ -110,6 +124,67 @@ static void panel_any(const uint16_t *x, int64_t ldx, int nt, int64_t k, const u
 }
 #undef CASE
 
+/* GROUP panels (GROUP * 16 outputs, `np` of the panels real, the last with `outs_last` real
+ * outputs) against nt <= ROWS tokens, np and nt constants after inlining. Each input pair
+ * broadcast serves np panels and each weight load nt tokens: 10 loads for 24 vdpbf16ps at 4 x
+ * 6, where panel_tokens issues 25, so that many tokens are held by the arithmetic rather than
+ * the loads. The group's panels are read from memory by the first token block and from L2 by
+ * the others (4 panels of the demo model's widest input, 1536, are 192 KiB). */
+static inline __attribute__((always_inline)) void
+group_tokens(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k, const uint16_t *panels,
+             int64_t panel_size, void *y, int64_t ldy, int outs_last, int y_f32) {
+    __m512 sum[ROWS][GROUP];
+    for (int t = 0; t < nt; ++t)
+        for (int j = 0; j < np; ++j) sum[t][j] = _mm512_setzero_ps();
+    const int64_t whole = k / 2;
+    for (int64_t p = 0; p < whole; ++p) {
+        __m512bh w[GROUP];
+        for (int j = 0; j < np; ++j)
+            w[j] = (__m512bh)_mm512_loadu_si512(panels + j * panel_size + p * 2 * PANEL);
+        for (int t = 0; t < nt; ++t) {
+            const __m512bh pair = (__m512bh)_mm512_set1_epi32(input_pair(x + t * ldx, p));
+            for (int j = 0; j < np; ++j) sum[t][j] = _mm512_dpbf16_ps(sum[t][j], w[j], pair);
+        }
+    }
+    if (k % 2) {
+        for (int j = 0; j < np; ++j) {
+            const __m512bh w =
+                (__m512bh)_mm512_loadu_si512(panels + j * panel_size + whole * 2 * PANEL);
+            for (int t = 0; t < nt; ++t)
+                sum[t][j] = _mm512_dpbf16_ps(sum[t][j], w,
+                                             (__m512bh)_mm512_set1_epi32(x[t * ldx + k - 1]));
+        }
+    }
+    for (int j = 0; j < np; ++j) {
+        const int outs = j == np - 1 ? outs_last : PANEL;
+        const __mmask16 mask = outs >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << outs) - 1);
+        for (int t = 0; t < nt; ++t) {
+            if (y_f32)
+                _mm512_mask_storeu_ps((float *)y + t * ldy + j * PANEL, mask, sum[t][j]);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)y + t * ldy + j * PANEL, mask,
+                                         (__m256i)_mm512_cvtneps_pbh(sum[t][j]));
+        }
+    }
+}
+
+#define CASE(NT, NP)                                                                           \
+    case NT:                                                                                   \
+        group_tokens(x, ldx, NT, NP, k, panels, panel_size, y, ldy, outs_last, y_f32);         \
+        break;
+#define GROUP_CASE(NP)                                                                         \
+    case NP:                                                                                   \
+        switch (nt) { CASE(1, NP) CASE(2, NP) CASE(3, NP) CASE(4, NP) CASE(5, NP) CASE(6, NP) } \
+        break;
+
+static void group_any(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k,
+                      const uint16_t *panels, int64_t panel_size, void *y, int64_t ldy,
+                      int outs_last, int y_f32) {
+    switch (np) { GROUP_CASE(1) GROUP_CASE(2) GROUP_CASE(3) GROUP_CASE(4) }
+}
+#undef GROUP_CASE
+#undef CASE
+
 /* w: [n, k] bf16, contiguous -> panels: [ceil(n / 16), ceil(k / 2), 16, 2], zero-padded. */
 void matmul_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *panels) {
     const int64_t pairs = (k + 1) / 2, num_panels = (n + PANEL - 1) / PANEL;
@@ -117,6 +192,35 @@ void matmul_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *panels)
     for (int64_t o = 0; o < n; ++o) {
         uint16_t *panel = panels + (o / PANEL) * pairs * 2 * PANEL + (o % PANEL) * 2;
         for (int64_t i = 0; i < k; ++i) panel[(i / 2) * 2 * PANEL + (i % 2)] = w[o * k + i];
+    }
+}
+
+/* matmul_bf16 for GROUPED_FROM tokens or more: each thread takes a contiguous run of panels,
+ * GROUP at a time, and every token block of ROWS against the group. */
+static void matmul_grouped(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *panels,
+                           int64_t n, int64_t k, void *y, int64_t ldy, int y_f32,
+                           int num_threads) {
+    const int64_t elem = y_f32 ? 4 : 2;
+    const int64_t num_panels = (n + PANEL - 1) / PANEL, panel_size = (k + 1) / 2 * 2 * PANEL;
+    const int threads = num_threads > 1 ? num_threads : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int id = 0, team = 1; /* the team the runtime gave, which may be fewer than asked */
+#ifdef _OPENMP
+        id = omp_get_thread_num();
+        team = omp_get_num_threads();
+#endif
+        const int64_t first = num_panels * id / team, end = num_panels * (id + 1) / team;
+        for (int64_t g = first; g < end; g += GROUP) {
+            const int np = end - g < GROUP ? (int)(end - g) : GROUP;
+            const int64_t last = g + np - 1;
+            const int outs_last = n - last * PANEL < PANEL ? (int)(n - last * PANEL) : PANEL;
+            for (int64_t t = 0; t < m; t += ROWS) {
+                const int nt = m - t < ROWS ? (int)(m - t) : ROWS;
+                group_any(x + t * ldx, ldx, nt, np, k, panels + g * panel_size, panel_size,
+                          (char *)y + (t * ldy + g * PANEL) * elem, ldy, outs_last, y_f32);
+            }
+        }
     }
 }
 
@@ -128,6 +232,10 @@ void matmul_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *pane
                  int64_t k, void *y, int64_t ldy, int y_f32, int num_threads) {
     const int64_t elem = y_f32 ? 4 : 2;
     const int64_t num_panels = (n + PANEL - 1) / PANEL, panel_size = (k + 1) / 2 * 2 * PANEL;
+    if (m >= GROUPED_FROM) {
+        matmul_grouped(x, m, ldx, panels, n, k, y, ldy, y_f32, num_threads);
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (int64_t i = 0; i < num_panels; ++i) {
         const int outs = n - i * PANEL < PANEL ? (int)(n - i * PANEL) : PANEL;

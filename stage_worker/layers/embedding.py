@@ -109,6 +109,16 @@ class ParallelLMHead(nn.Module):
         else:
             self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
 
+    def keep_bf16_panels_only(self, tied: bool) -> None:
+        """As ShardedLinear.keep_bf16_panels_only: the panels score every step, and oneDNN's
+        copy, the rows kept for refining its logits and the plain rows go. tied: the weight
+        is the embedding's too, which still looks its rows up there (then it stays)."""
+        if self.bf16 is None:
+            return
+        self.packed = self.rows = self.plain = None
+        if not tied:
+            self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)
         weight = self.packed if self.packed is not None else self.weight

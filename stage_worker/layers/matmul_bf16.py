@@ -1,25 +1,25 @@
-"""bf16 linear layers of a few tokens on the CPU through the package's AVX-512 kernel
-(stage_worker/csrc/matmul_bf16_avx512.c): decode steps and small batches.
+"""bf16 linear layers on the CPU through the package's AVX-512 kernel
+(stage_worker/csrc/matmul_bf16_avx512.c): decode steps, and where a worker measured it the
+faster one, every step.
 
 oneDNN's packed bf16 matmul, which the layers run otherwise, reads a decode step's weights at
 22-32 GB/s on the 2-core Zen 5 EPYC, and its time grows with the tokens well before the
 arithmetic limits it (8.4 ms for the demo model's layers at 12 tokens against 6.7 at one). The
 kernel streams its own panels, asking for each line 8 KiB ahead: 1.3x-1.5x oneDNN's speed at
-one token, 1.5x-2x at 8 to 16, 1.1x-1.2x at 32 to 64; from about 96 tokens oneDNN is as fast or
-faster, so steps of more than MAX_TOKENS run oneDNN (BENCHMARKS "A bf16 matmul for decode
-steps"), or of more than the reach a worker measures on its CPU at load (REACH,
-matmul_bf16_dispatch.py: a CPU with AMX may run oneDNN faster from fewer tokens). Each bf16
-weight is then held twice on such a CPU, as panels and in oneDNN's layout. An LM head takes
-the kernel's float32 sums unrounded (no near-ties made exact ties: see exact_logits.py).
-
-On by default wherever it runs (x86-64 with AVX-512 and its bf16 instructions, the package's C
-module built); `--no-cpu-matmul-kernel` on the worker and on `sarathictl bench stage` leaves
-every bf16 matmul to oneDNN, to compare. The sums run in another order than oneDNN's: outputs
-may differ from it in their last bf16 bit.
+one token, 1.5x-2x at 8 to 16 (BENCHMARKS "A bf16 matmul for decode steps"); from 48 tokens it
+takes four panels against six tokens at once, which holds 1.03x-1.1x oneDNN's speed at 128 to
+512 (BENCHMARKS "The bf16 kernel at every step size"). Until a worker has measured its CPU,
+steps of more than MAX_TOKENS run oneDNN; after, up to the reach it measured (REACH,
+matmul_bf16_dispatch.py: a CPU with AMX may run oneDNN faster from a few tokens), which may be
+UNBOUNDED. Each bf16 weight is held twice, as panels and in oneDNN's layout, except where the
+reach is unbounded: then the worker frees oneDNN's copies (StageModel.keep_bf16_panels_only).
+An LM head takes the kernel's float32 sums unrounded (no near-ties made exact ties: see
+exact_logits.py).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -29,13 +29,18 @@ from stage_worker.layers import cpu_matmul
 
 MAX_TOKENS = 64
 """Steps of up to this many tokens run the kernel, larger ones oneDNN (module docstring), until
-a worker has measured its CPU (REACH)."""
+a worker has measured its CPU (REACH): the kernel's lead on the one CPU it was first measured
+on, kept where nothing was measured."""
+
+UNBOUNDED = sys.maxsize
+"""A reach that takes every step: the kernel won at every size measured."""
 
 
 @dataclass
 class Reach:
     """Up to how many tokens the layers run the kernel: MAX_TOKENS, or what the worker measured
-    at load on this CPU (matmul_bf16_dispatch.py)."""
+    at load on this CPU (matmul_bf16_dispatch.py). UNBOUNDED once oneDNN's copies are freed:
+    nothing else is left to run them."""
 
     max_tokens: int = MAX_TOKENS
 

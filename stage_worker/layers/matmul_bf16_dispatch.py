@@ -8,9 +8,11 @@ arithmetic of the vdpbf16ps the kernel issues, so there oneDNN may win from a fe
 session has measured one since the kernel was written. The worker therefore times both, each
 over enough of its own weights to stream them from memory as a step does, at the token counts
 of COUNTS, and keeps the kernel up to the last count before its first clear loss (LOSS_MARGIN:
-a median of 3 on a shared machine moves by a few percent, and the kernel led by 9% or more at
-every count on the Zen 5 EPYC; AMX should lead by a factor, not by noise). The layers' reach
-also serves the LM head, whose rows are a decode step's sequences.
+a median of 3 on a shared machine moves by a few percent; AMX should lead by a factor, not by
+noise). Where the kernel lost at no count, up to the largest step a budget allows here, its
+reach is unbounded and the worker frees oneDNN's copies of the weights: on the Zen 5 EPYC it
+leads by 3% to 80% at every count, so a stage's bf16 weights take half the memory there. The
+layers' reach also serves the LM head, whose rows are a decode step's sequences.
 """
 
 from __future__ import annotations
@@ -24,15 +26,22 @@ import torch
 
 from stage_worker.layers import matmul_bf16, onednn
 
-COUNTS = (1, 8, 16, 32, 48, matmul_bf16.MAX_TOKENS)
-"""The token counts measured; the last is the kernel's reach unmeasured."""
+COUNTS = (1, 8, 16, 32, 48, 64, 128, 256, 512)
+"""The token counts measured: decode steps, then chunks up to the largest budget `up` fits
+(tools/sarathictl/budget_fit.py). Past 128 tokens both kernels are bound by the arithmetic, so
+a win at 512 stands for larger steps too."""
 
 LOSS_MARGIN = 1.05
 """The kernel loses a count where its median time exceeds oneDNN's by more than this factor."""
 
 SWEEP_BYTES = 256 << 20
-"""Weights a timed sweep reads (the model's first ones, or all where it holds fewer): more
-than any last-level cache of the CPUs measured, so both kernels read from memory."""
+"""Weights a timed sweep of up to STREAMED_UP_TO tokens reads (the model's first ones, or all
+where it holds fewer): more than any last-level cache of the CPUs measured, so both kernels
+read from memory."""
+
+STREAMED_UP_TO = 64
+"""Past this many tokens a sweep reads SWEEP_BYTES * STREAMED_UP_TO / tokens of weights: the
+product is bound by the arithmetic there, and each count then costs what one of 64 does."""
 
 ROUNDS = 3
 """Sweeps per kernel and count; the median is kept, the kernels taking turns."""
@@ -47,38 +56,54 @@ class Calibration:
     onednn_ms: tuple[float, ...]
     max_tokens: int
 
+    @property
+    def unbounded(self) -> bool:
+        """Whether the kernel takes every step (oneDNN's copies may go)."""
+        return self.max_tokens == matmul_bf16.UNBOUNDED
+
     def describe(self) -> str:
         ratios = ", ".join(
             f"{n}: {o / k:.2f}x"
             for n, k, o in zip(self.counts, self.kernel_ms, self.onednn_ms, strict=True)
         )
+        reach = (
+            "at every step size, oneDNN's copies of the weights freed"
+            if self.unbounded
+            else f"up to {self.max_tokens} tokens, oneDNN past them"
+        )
         return (
-            f"bf16 matmul kernel up to {self.max_tokens} tokens, oneDNN past them (its speed "
-            f"over oneDNN's by tokens, measured at load: {ratios})"
+            f"bf16 matmul kernel {reach} (its speed over oneDNN's by tokens, measured at load: "
+            f"{ratios})"
         )
 
 
 def crossover(counts: Sequence[int], kernel_ms: Sequence[float], onednn_ms: Sequence[float]) -> int:
     """The largest of `counts` (ascending) up to which the kernel lost at no count (was not
-    LOSS_MARGIN times slower); 0 where it lost at the first."""
+    LOSS_MARGIN times slower); 0 where it lost at the first, matmul_bf16.UNBOUNDED where it
+    lost at none."""
     reach = 0
     for n, kernel, other in zip(counts, kernel_ms, onednn_ms, strict=True):
         if kernel > LOSS_MARGIN * other:
-            break
+            return reach
         reach = n
-    return reach
+    return matmul_bf16.UNBOUNDED
 
 
 Weights = list[tuple[torch.Tensor, matmul_bf16.PackedBf16]]
 """(the weight as oneDNN reads it, the same weight's panels)."""
 
 
-def sweep_weights(pairs: Weights) -> Weights:
-    """The first of `pairs` whose panels add up to SWEEP_BYTES (all where they hold fewer)."""
+def sweep_bytes(tokens: int) -> int:
+    """Weight bytes a sweep of `tokens` reads (SWEEP_BYTES, STREAMED_UP_TO)."""
+    return SWEEP_BYTES * min(tokens, STREAMED_UP_TO) // tokens
+
+
+def sweep_weights(pairs: Weights, size: int = SWEEP_BYTES) -> Weights:
+    """The first of `pairs` whose panels add up to `size` bytes (all where they hold fewer)."""
     taken: Weights = []
     total = 0
     for pair in pairs:
-        if total >= SWEEP_BYTES:
+        if total >= size:
             break
         taken.append(pair)
         total += pair[1].panels.numel() * pair[1].panels.element_size()
@@ -86,11 +111,12 @@ def sweep_weights(pairs: Weights) -> Weights:
 
 
 def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS) -> Calibration:
-    """Each count's median sweep time over `pairs` on the kernel and on oneDNN, and the
-    crossover. pairs: non-empty; the inputs are random bf16 rows, [count, in] per weight."""
-    weights = sweep_weights(pairs)
-    widths = {packed.in_features for _, packed in weights}
+    """Each count's median sweep time over `pairs` (the first sweep_bytes(count) of them) on
+    the kernel and on oneDNN, and the crossover. pairs: non-empty; the inputs are random bf16
+    rows, [count, in] per weight."""
+    widths = {packed.in_features for _, packed in pairs}
     rows = {w: torch.randn(max(counts), w).to(torch.bfloat16) for w in widths}  # [n, in]
+    weights: Weights = []
 
     def kernel(n: int) -> None:
         for _, packed in weights:
@@ -102,6 +128,7 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
 
     kernel_ms, onednn_ms = [], []
     for n in counts:
+        weights = sweep_weights(pairs, sweep_bytes(n))
         kernel(n)  # warm: first touches, and oneDNN's primitive for this shape
         other(n)
         pair = _timed_turns((kernel, other), n, rounds)

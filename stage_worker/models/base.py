@@ -17,6 +17,7 @@ from stage_worker.layers import (
     RotaryEmbedding,
     ShardedLinear,
     VocabParallelEmbedding,
+    matmul_bf16,
 )
 from stage_worker.layers.matmul_bf16 import PackedBf16
 
@@ -107,8 +108,15 @@ class StageModel(nn.Module):
             if isinstance(module, ShardedLinear):
                 module.pack()
         if self.lm_head is not None:
-            shared = self.embed is not None and self.lm_head.weight is self.embed.weight
-            self.lm_head.pack(self.embed if shared else None)
+            self.lm_head.pack(self.embed if self._head_tied() else None)
+
+    def _head_tied(self) -> bool:
+        """Whether this stage's LM head and embedding hold the same rows."""
+        return (
+            self.embed is not None
+            and self.lm_head is not None
+            and self.lm_head.weight is self.embed.weight
+        )
 
     # ---- compute ---------------------------------------------------------------------------
     def forward(
@@ -179,6 +187,18 @@ class StageModel(nn.Module):
             for m in self.modules()
             if isinstance(m, ShardedLinear) and m.bf16 is not None
         ]
+
+    def keep_bf16_panels_only(self) -> None:
+        """Frees oneDNN's copy of every weight with bf16 panels, the LM head's too: where the
+        worker measured the kernel the faster one at every step size (matmul_bf16.REACH
+        unbounded), they are weights held twice for nothing."""
+        assert matmul_bf16.REACH.max_tokens == matmul_bf16.UNBOUNDED, "oneDNN still runs some steps"
+        tied = self._head_tied()
+        for module in self.modules():
+            if isinstance(module, ShardedLinear):
+                module.keep_bf16_panels_only()
+        if self.lm_head is not None:
+            self.lm_head.keep_bf16_panels_only(tied)
 
     def drop_bf16_panels(self) -> None:
         """Frees every bf16 kernel panel, the LM head's too: where the kernel is slower at every

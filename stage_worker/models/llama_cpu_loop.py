@@ -318,7 +318,8 @@ class _CacheViews:
 def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
     """The layer's weights for the loop, or None where one of its matmuls is not on the loop's
     kernels: a float32 weight the AVX2 kernel did not take (--no-cpu-matmul-kernel), a bf16 one
-    oneDNN did not pack or that the small-batch kernel also reads (--small-batch-kernel). A bf16
+    neither oneDNN nor the bf16 kernel packed, or that the small-batch kernel also reads
+    (--small-batch-kernel). A bf16
     layer's matmuls are its modules (ShardedLinear), called past their __call__."""
     mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = (layer.input_norm.weight.data, layer.post_norm.weight.data)
@@ -328,7 +329,11 @@ def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
     for m in mats:
         if dtype == torch.float32 and m.f32 is not None:
             taken.append(native.capsule(m.f32.panels))
-        elif dtype == torch.bfloat16 and m.weight.is_mkldnn and m.plain is None:
+        elif (
+            dtype == torch.bfloat16
+            and (m.weight.is_mkldnn or m.bf16 is not None)
+            and m.plain is None
+        ):
             taken.append(m)  # its matmul picks the kernel by the step's tokens
         else:
             return None

@@ -39,24 +39,28 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # k: whole pairs, an odd count (the last input alone), a single input; m: one token, the
-# two-sums path (< 8), one block of 24, and blocks past it; 37 outputs: a partial panel.
+# two-sums path (< 8), one block of 24, and blocks past it; from 48, groups of four panels
+# against six tokens, the last block short at 101; n: a partial panel, and at 200 (13
+# panels) groups of four and one, the last partial.
 @pytest.mark.parametrize("k", [576, 96, 33, 7, 1])
-@pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 64])
-def test_products_match_float32_to_bf16_rounding(m: int, k: int) -> None:
-    gen = torch.Generator().manual_seed(k * 100 + m)
+@pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 48, 64, 101])
+@pytest.mark.parametrize("n", [37, 200])
+def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(k * 100 + m + n)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-    w = torch.randn(37, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     got = product(x, w)
-    assert got.shape == (m, 37) and got.dtype == torch.bfloat16
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
     want = x.float() @ w.float().T  # exact products of bf16 inputs, float32 sums
     # One bf16 rounding of the result (2^-8 relative), plus float32 sums in another order.
     torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-4 * k)
 
 
 @pytest.mark.usefixtures("threads")
-def test_the_thread_count_moves_no_bit() -> None:
+@pytest.mark.parametrize("m", [12, 60])  # a token block per panel; groups of panels
+def test_the_thread_count_moves_no_bit(m: int) -> None:
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(12, 576, generator=gen).to(torch.bfloat16)
+    x = torch.randn(m, 576, generator=gen).to(torch.bfloat16)
     w = torch.randn(1000, 576, generator=gen).to(torch.bfloat16)  # 63 panels, the last partial
     packed = matmul_bf16.pack(w)
     torch.set_num_threads(1)
@@ -65,7 +69,7 @@ def test_the_thread_count_moves_no_bit() -> None:
     assert torch.equal(matmul_bf16.linear(x, packed), one)
 
 
-@pytest.mark.parametrize(("m", "k"), [(3, 64), (25, 63), (64, 33)])
+@pytest.mark.parametrize(("m", "k"), [(3, 64), (25, 63), (64, 33), (101, 33)])
 def test_strided_input_rows_are_read_correctly(m: int, k: int) -> None:
     x = torch.randn(m, 128).to(torch.bfloat16)[:, :k]  # row stride 128, k features
     w = torch.randn(40, k).to(torch.bfloat16)
