@@ -20,7 +20,7 @@
  * the order of the sums differs, so outputs may differ from oneDNN's in their last bit. An LM
  * head asks for the float32 sums themselves (y_f32).
  *
- * From GROUPED_FROM tokens the arithmetic, not the stream, is the limit, and the loads are:
+ * With many tokens the arithmetic, not the stream, is the limit, and the loads are:
  * panel_tokens issues a broadcast for every vdpbf16ps. matmul_grouped takes GROUP panels
  * against ROWS tokens at once instead (group_tokens), about as fast as oneDNN there: 1.03x-1.1x
  * its speed at 128 to 512 tokens on the Zen 5 EPYC, where panel_tokens alone fell to 0.8x
@@ -46,8 +46,15 @@ SARATHI_AVX512_BEGIN
 #define TOKENS_MAX 24 /* sums in registers: 24 of the 32, the rest for the weights */
 #define GROUP 4 /* panels a token block of group_tokens fills at once */
 #define ROWS 6 /* tokens of such a block: GROUP * ROWS = 24 sums in registers */
-#define GROUPED_FROM 48 /* tokens from which matmul_grouped runs: 1.0x-1.1x panel_tokens at 48
-                         * and 64, 1.1x-1.2x at 96 (at 32, 0.95x) */
+/* matmul_grouped runs where a step has at least GROUPED_MIN_TOKENS tokens and they hold at
+ * least GROUPED_MIN_INPUTS inputs (tokens times k); panel_tokens below. Measured on the Zen 5
+ * EPYC, one weight of each k against oneDNN (BENCHMARKS "The bf16 kernel at every step size"):
+ * panel_tokens leads up to 48 tokens at k = 576 and up to 24 at 1536, but from 16 tokens at k
+ * = 4096 and 14336 (a 7B model's) it falls to 0.9x and, from 24, 0.4x-0.5x oneDNN, its token
+ * rows too many streams beside the panel's; matmul_grouped holds 1.0x-1.2x there. At 8 tokens
+ * panel_tokens leads at every k. */
+#define GROUPED_MIN_TOKENS 16
+#define GROUPED_MIN_INPUTS (48 * 1024)
 #define SPLIT_BELOW 8 /* fewer tokens: two sums each (even and odd pairs), so that consecutive
                        * vdpbf16ps do not wait on each other */
 
@@ -195,7 +202,7 @@ void matmul_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *panels)
     }
 }
 
-/* matmul_bf16 for GROUPED_FROM tokens or more: each thread takes a contiguous run of panels,
+/* matmul_bf16 for steps of many tokens (GROUPED_MIN_*): each thread takes a contiguous run of panels,
  * GROUP at a time, and every token block of ROWS against the group. */
 static void matmul_grouped(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *panels,
                            int64_t n, int64_t k, void *y, int64_t ldy, int y_f32,
@@ -232,7 +239,7 @@ void matmul_bf16(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *pane
                  int64_t k, void *y, int64_t ldy, int y_f32, int num_threads) {
     const int64_t elem = y_f32 ? 4 : 2;
     const int64_t num_panels = (n + PANEL - 1) / PANEL, panel_size = (k + 1) / 2 * 2 * PANEL;
-    if (m >= GROUPED_FROM) {
+    if (m >= GROUPED_MIN_TOKENS && m * k >= GROUPED_MIN_INPUTS) {
         matmul_grouped(x, m, ldx, panels, n, k, y, ldy, y_f32, num_threads);
         return;
     }

@@ -39,10 +39,11 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # k: whole pairs, an odd count (the last input alone), a single input; m: one token, the
-# two-sums path (< 8), one block of 24, and blocks past it; from 48, groups of four panels
-# against six tokens, the last block short at 101; n: a partial panel, and at 200 (13
+# two-sums path (< 8), one block of 24, and blocks past it. From 16 tokens holding 48 Ki
+# inputs (tokens times k: here k = 1025 and 4096 from 48 tokens, 576 at 101): groups of four
+# panels against six tokens, the last block short at 101. n: a partial panel, and at 200 (13
 # panels) groups of four and one, the last partial.
-@pytest.mark.parametrize("k", [576, 96, 33, 7, 1])
+@pytest.mark.parametrize("k", [4096, 1025, 576, 96, 33, 7, 1])
 @pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 48, 64, 101])
 @pytest.mark.parametrize("n", [37, 200])
 def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None:
@@ -57,11 +58,11 @@ def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None
 
 
 @pytest.mark.usefixtures("threads")
-@pytest.mark.parametrize("m", [12, 60])  # a token block per panel; groups of panels
-def test_the_thread_count_moves_no_bit(m: int) -> None:
+@pytest.mark.parametrize(("m", "k"), [(12, 576), (60, 1024)])  # a block per panel; groups
+def test_the_thread_count_moves_no_bit(m: int, k: int) -> None:
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(m, 576, generator=gen).to(torch.bfloat16)
-    w = torch.randn(1000, 576, generator=gen).to(torch.bfloat16)  # 63 panels, the last partial
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(1000, k, generator=gen).to(torch.bfloat16)  # 63 panels, the last partial
     packed = matmul_bf16.pack(w)
     torch.set_num_threads(1)
     one = matmul_bf16.linear(x, packed)
@@ -69,9 +70,9 @@ def test_the_thread_count_moves_no_bit(m: int) -> None:
     assert torch.equal(matmul_bf16.linear(x, packed), one)
 
 
-@pytest.mark.parametrize(("m", "k"), [(3, 64), (25, 63), (64, 33), (101, 33)])
+@pytest.mark.parametrize(("m", "k"), [(3, 64), (25, 63), (64, 33), (64, 1025)])
 def test_strided_input_rows_are_read_correctly(m: int, k: int) -> None:
-    x = torch.randn(m, 128).to(torch.bfloat16)[:, :k]  # row stride 128, k features
+    x = torch.randn(m, k + 63).to(torch.bfloat16)[:, :k]  # row stride k + 63, k features
     w = torch.randn(40, k).to(torch.bfloat16)
     torch.testing.assert_close(
         product(x, w).float(), x.float() @ w.float().T, rtol=2**-7, atol=1e-4 * k
