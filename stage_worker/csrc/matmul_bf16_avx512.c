@@ -34,6 +34,7 @@
 
 #if SARATHI_HAVE_X86_KERNELS
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -54,6 +55,8 @@ SARATHI_AVX512_BEGIN
  * rows too many streams beside the panel's; matmul_grouped holds 1.0x-1.2x there. At 8 tokens
  * panel_tokens leads at every k. */
 #define GROUPED_MIN_TOKENS 16
+#define K_BLOCK 1024 /* input pairs a pass of matmul_grouped takes: a group's panels, 256 KiB,
+                      * stay in L2 for the token blocks after the first */
 #define GROUPED_MIN_INPUTS (48 * 1024)
 #define SPLIT_BELOW 8 /* fewer tokens: two sums each (even and odd pairs), so that consecutive
                        * vdpbf16ps do not wait on each other */
@@ -131,20 +134,31 @@ static void panel_any(const uint16_t *x, int64_t ldx, int nt, int64_t k, const u
 }
 #undef CASE
 
+/* One pass of group_tokens over the input pairs [from, to). k takes several passes where a
+ * group's panels would not stay in L2 between token blocks (K_BLOCK); the float32 sums then
+ * wait between passes in `partial` ([ROWS][GROUP][PANEL] a token block), and only the last
+ * pass takes an odd k's last input and writes y. */
+typedef struct {
+    int64_t from, to;
+    float *partial; /* NULL where one pass takes all of k */
+    int first, last;
+} KPass;
+
 /* GROUP panels (GROUP * 16 outputs, `np` of the panels real, the last with `outs_last` real
  * outputs) against nt <= ROWS tokens, np and nt constants after inlining. Each input pair
  * broadcast serves np panels and each weight load nt tokens: 10 loads for 24 vdpbf16ps at 4 x
  * 6, where panel_tokens issues 25, so that many tokens are held by the arithmetic rather than
  * the loads. The group's panels are read from memory by the first token block and from L2 by
- * the others (4 panels of the demo model's widest input, 1536, are 192 KiB). */
+ * the others. */
 static inline __attribute__((always_inline)) void
 group_tokens(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k, const uint16_t *panels,
-             int64_t panel_size, void *y, int64_t ldy, int outs_last, int y_f32) {
+             int64_t panel_size, KPass pass, void *y, int64_t ldy, int outs_last, int y_f32) {
     __m512 sum[ROWS][GROUP];
     for (int t = 0; t < nt; ++t)
-        for (int j = 0; j < np; ++j) sum[t][j] = _mm512_setzero_ps();
-    const int64_t whole = k / 2;
-    for (int64_t p = 0; p < whole; ++p) {
+        for (int j = 0; j < np; ++j)
+            sum[t][j] = pass.first ? _mm512_setzero_ps()
+                                   : _mm512_loadu_ps(pass.partial + (t * GROUP + j) * PANEL);
+    for (int64_t p = pass.from; p < pass.to; ++p) {
         __m512bh w[GROUP];
         for (int j = 0; j < np; ++j)
             w[j] = (__m512bh)_mm512_loadu_si512(panels + j * panel_size + p * 2 * PANEL);
@@ -153,7 +167,14 @@ group_tokens(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k, const ui
             for (int j = 0; j < np; ++j) sum[t][j] = _mm512_dpbf16_ps(sum[t][j], w[j], pair);
         }
     }
+    if (!pass.last) {
+        for (int t = 0; t < nt; ++t)
+            for (int j = 0; j < np; ++j)
+                _mm512_storeu_ps(pass.partial + (t * GROUP + j) * PANEL, sum[t][j]);
+        return;
+    }
     if (k % 2) {
+        const int64_t whole = k / 2;
         for (int j = 0; j < np; ++j) {
             const __m512bh w =
                 (__m512bh)_mm512_loadu_si512(panels + j * panel_size + whole * 2 * PANEL);
@@ -177,7 +198,7 @@ group_tokens(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k, const ui
 
 #define CASE(NT, NP)                                                                           \
     case NT:                                                                                   \
-        group_tokens(x, ldx, NT, NP, k, panels, panel_size, y, ldy, outs_last, y_f32);         \
+        group_tokens(x, ldx, NT, NP, k, panels, panel_size, pass, y, ldy, outs_last, y_f32);   \
         break;
 #define GROUP_CASE(NP)                                                                         \
     case NP:                                                                                   \
@@ -185,8 +206,8 @@ group_tokens(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k, const ui
         break;
 
 static void group_any(const uint16_t *x, int64_t ldx, int nt, int np, int64_t k,
-                      const uint16_t *panels, int64_t panel_size, void *y, int64_t ldy,
-                      int outs_last, int y_f32) {
+                      const uint16_t *panels, int64_t panel_size, KPass pass, void *y,
+                      int64_t ldy, int outs_last, int y_f32) {
     switch (np) { GROUP_CASE(1) GROUP_CASE(2) GROUP_CASE(3) GROUP_CASE(4) }
 }
 #undef GROUP_CASE
@@ -202,13 +223,15 @@ void matmul_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint16_t *panels)
     }
 }
 
-/* matmul_bf16 for steps of many tokens (GROUPED_MIN_*): each thread takes a contiguous run of panels,
- * GROUP at a time, and every token block of ROWS against the group. */
+/* matmul_bf16 for steps of many tokens (GROUPED_MIN_*): each thread takes a contiguous run
+ * of panels, GROUP at a time, and every token block of ROWS against the group, in passes of
+ * up to K_BLOCK input pairs. */
 static void matmul_grouped(const uint16_t *x, int64_t m, int64_t ldx, const uint16_t *panels,
                            int64_t n, int64_t k, void *y, int64_t ldy, int y_f32,
                            int num_threads) {
     const int64_t elem = y_f32 ? 4 : 2;
     const int64_t num_panels = (n + PANEL - 1) / PANEL, panel_size = (k + 1) / 2 * 2 * PANEL;
+    const int64_t whole = k / 2;
     const int threads = num_threads > 1 ? num_threads : 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -217,17 +240,29 @@ static void matmul_grouped(const uint16_t *x, int64_t m, int64_t ldx, const uint
         id = omp_get_thread_num();
         team = omp_get_num_threads();
 #endif
+        /* every token's sums for one group between passes; one pass where there is no room */
+        float *partial = whole > K_BLOCK
+                             ? malloc((size_t)(m + ROWS) * GROUP * PANEL * sizeof(float))
+                             : NULL;
+        const int64_t step = partial != NULL ? K_BLOCK : (whole > 0 ? whole : 1);
         const int64_t first = num_panels * id / team, end = num_panels * (id + 1) / team;
         for (int64_t g = first; g < end; g += GROUP) {
             const int np = end - g < GROUP ? (int)(end - g) : GROUP;
             const int64_t last = g + np - 1;
             const int outs_last = n - last * PANEL < PANEL ? (int)(n - last * PANEL) : PANEL;
-            for (int64_t t = 0; t < m; t += ROWS) {
-                const int nt = m - t < ROWS ? (int)(m - t) : ROWS;
-                group_any(x + t * ldx, ldx, nt, np, k, panels + g * panel_size, panel_size,
-                          (char *)y + (t * ldy + g * PANEL) * elem, ldy, outs_last, y_f32);
+            for (int64_t from = 0; from == 0 || from < whole; from += step) {
+                const int64_t to = whole - from < step ? whole : from + step;
+                for (int64_t t = 0; t < m; t += ROWS) {
+                    const int nt = m - t < ROWS ? (int)(m - t) : ROWS;
+                    const KPass pass = {from, to, partial ? partial + t * GROUP * PANEL : NULL,
+                                        from == 0, to == whole};
+                    group_any(x + t * ldx, ldx, nt, np, k, panels + g * panel_size, panel_size,
+                              pass, (char *)y + (t * ldy + g * PANEL) * elem, ldy, outs_last,
+                              y_f32);
+                }
             }
         }
+        free(partial);
     }
 }
 

@@ -40,10 +40,11 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 # k: whole pairs, an odd count (the last input alone), a single input; m: one token, the
 # two-sums path (< 8), one block of 24, and blocks past it. From 16 tokens holding 48 Ki
-# inputs (tokens times k: here k = 1025 and 4096 from 48 tokens, 576 at 101): groups of four
-# panels against six tokens, the last block short at 101. n: a partial panel, and at 200 (13
+# inputs (tokens times k: here k = 1025 from 48 tokens, 4096 from 24, 576 at 101): groups of
+# four panels against six tokens, the last block short at 101; past 2048 inputs, in two passes
+# over k (4096, and 4097 with its last input alone). n: a partial panel, and at 200 (13
 # panels) groups of four and one, the last partial.
-@pytest.mark.parametrize("k", [4096, 1025, 576, 96, 33, 7, 1])
+@pytest.mark.parametrize("k", [4097, 4096, 1025, 576, 96, 33, 7, 1])
 @pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 48, 64, 101])
 @pytest.mark.parametrize("n", [37, 200])
 def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None:
