@@ -34,7 +34,7 @@ from stage_worker.comm import (
     destroy_distributed,
     init_distributed,
 )
-from stage_worker.config import ShardSpec, load_spec
+from stage_worker.config import ModelSpec, ShardSpec, load_spec
 from stage_worker.control_socket import ControlSocket, PeerWait
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
@@ -284,16 +284,15 @@ class StageWorker:
 
     def _load(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:
         cfg = self.config
+        spec, dtype = load_spec(cfg.model_dir), DTYPES[cfg.dtype]
+        _measure_bf16_reach(spec, shard, tp_group, cfg.device, dtype)  # first: pack() follows it
         t0 = time.monotonic()
         reader = CheckpointReader(cfg.model_dir)
         try:
-            model = build_stage(
-                load_spec(cfg.model_dir), shard, tp_group, cfg.device, DTYPES[cfg.dtype], reader
-            )
+            model = build_stage(spec, shard, tp_group, cfg.device, dtype, reader)
         finally:
             reader.close()
         load_s = time.monotonic() - t0
-        _measure_bf16_reach(model)  # first: it may free the bf16 panels the next line counts
         logger.info(
             "loaded layers %d..%d (%.1f MiB, and %.1f MiB of them again in kernels' layouts) "
             "on %s in %.2f s",
@@ -663,19 +662,17 @@ def pack_prompt_logprobs(
             chunk.top_logprobs.extend(entry.top_logprobs)
 
 
-def _measure_bf16_reach(model: StageModel) -> None:
+def _measure_bf16_reach(
+    spec: ModelSpec, shard: ShardSpec, tp_group: TPGroup, device: str, dtype: torch.dtype
+) -> None:
     """Up to how many tokens this CPU's bf16 steps run the package's kernel, measured against
-    oneDNN on the stage's own weights (matmul_bf16_dispatch.py); where it loses even at one
-    token its panels are freed, where it wins at every size oneDNN's copies. Nothing where no
-    weight has panels (no such kernel here)."""
-    pairs = model.bf16_panels()
-    if not pairs:
+    oneDNN on stand-ins of the stage's own weight shapes (matmul_bf16_dispatch.py), before the
+    weights load: they are then packed as it says (no panels where the kernel loses even at one
+    token, panels only where it wins at every size). Nothing where the kernel does not run."""
+    if not matmul_bf16.usable_for(torch.empty((1, 1), dtype=dtype, device=device)):
         return
+    shapes = build_stage(spec, shard, tp_group, "meta", dtype, None).linear_shapes()
     t0 = time.monotonic()
-    calibration = matmul_bf16_dispatch.measure(pairs)
+    calibration = matmul_bf16_dispatch.measure_shapes(shapes)
     matmul_bf16.REACH.max_tokens = calibration.max_tokens
-    if calibration.max_tokens == 0:
-        model.drop_bf16_panels()
-    elif calibration.unbounded:
-        model.keep_bf16_panels_only()
     logger.info("%s, in %.2f s", calibration.describe(), time.monotonic() - t0)

@@ -96,10 +96,14 @@ class ParallelLMHead(nn.Module):
                 embedding.share_panels(self.f32, self.weight)
             return
         self.float32_out = self.weight.dtype != torch.float32 and _mm_float32_out(self.weight)
+        if matmul_bf16.usable_for(self.weight.data) and matmul_bf16.REACH.max_tokens > 0:
+            self.bf16 = matmul_bf16.pack(self.weight.data)
+            if matmul_bf16.REACH.takes_every_step():  # the panels score every step
+                if not shared_with_embedding:  # held once; a tied embedding keeps its rows
+                    self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
+                return
         if self.weight.dtype != torch.float32 and not self.float32_out:
             self.rows = self.weight.data
-        if matmul_bf16.usable_for(self.weight.data):
-            self.bf16 = matmul_bf16.pack(self.weight.data)
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel (the embedding's, when tied)
         if not onednn.can_pack(self.weight):
@@ -108,16 +112,6 @@ class ParallelLMHead(nn.Module):
             self.packed = onednn.pack(self.weight.data)
         else:
             self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
-
-    def keep_bf16_panels_only(self, tied: bool) -> None:
-        """As ShardedLinear.keep_bf16_panels_only: the panels score every step, and oneDNN's
-        copy, the rows kept for refining its logits and the plain rows go. tied: the weight
-        is the embedding's too, which still looks its rows up there (then it stays)."""
-        if self.bf16 is None:
-            return
-        self.packed = self.rows = self.plain = None
-        if not tied:
-            self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [n, hidden] -> logits [n, vocab] in float32 (every rank gets all of them)

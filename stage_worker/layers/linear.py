@@ -7,8 +7,9 @@ calls `tp.all_reduce` itself, so the collective is visible where it happens).
 After loading, `pack()` swaps a CPU float32 weight for the panels of the package's AVX2 matmul
 kernel (cpu_matmul.py), or a CPU bf16 weight for its oneDNN-blocked form (see onednn.py), and
 keeps it also as the package's bf16 panels for steps of a few tokens (matmul_bf16.py; where
-that kernel is off, plain for the opt-in small-batch kernel, gemv.py); where a worker measures
-that kernel the faster one at every step size, `keep_bf16_panels_only()` frees the rest.
+that kernel is off, plain for the opt-in small-batch kernel, gemv.py): as far as the bf16
+kernel's reach, which a worker measures before it loads. Where that kernel takes every step, a
+bf16 weight is held once, as its panels.
 """
 
 from __future__ import annotations
@@ -77,20 +78,15 @@ class ShardedLinear(nn.Module):
             self.f32 = cpu_matmul.pack(self.weight.data)
             self.weight = nn.Parameter(self.f32.panels, requires_grad=False)  # plain one freed
             return
-        if matmul_bf16.usable_for(self.weight.data):
+        if matmul_bf16.usable_for(self.weight.data) and matmul_bf16.REACH.max_tokens > 0:
             self.bf16 = matmul_bf16.pack(self.weight.data)
+            if matmul_bf16.REACH.takes_every_step():  # held once, as panels
+                self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
+                return
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
         if onednn.can_pack(self.weight):
             self.weight = nn.Parameter(onednn.pack(self.weight.data), requires_grad=False)
-
-    def keep_bf16_panels_only(self) -> None:
-        """Frees the weight's other layouts (oneDNN's, the plain rows) where it has bf16 panels:
-        the panels become `weight`. Only once the bf16 kernel takes every step
-        (matmul_bf16.REACH unbounded), since nothing else can read them."""
-        if self.bf16 is not None:
-            self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
-            self.plain = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in_] -> [num_tokens, out]

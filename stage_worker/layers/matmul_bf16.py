@@ -12,7 +12,7 @@ takes four panels against six tokens at once, which holds 1.03x-1.1x oneDNN's sp
 steps of more than MAX_TOKENS run oneDNN; after, up to the reach it measured (REACH,
 matmul_bf16_dispatch.py: a CPU with AMX may run oneDNN faster from a few tokens), which may be
 UNBOUNDED. Each bf16 weight is held twice, as panels and in oneDNN's layout, except where the
-reach is unbounded: then the worker frees oneDNN's copies (StageModel.keep_bf16_panels_only).
+reach is unbounded: then it is packed as panels only.
 An LM head takes the kernel's float32 sums unrounded (no near-ties made exact ties: see
 exact_logits.py).
 """
@@ -39,10 +39,15 @@ UNBOUNDED = sys.maxsize
 @dataclass
 class Reach:
     """Up to how many tokens the layers run the kernel: MAX_TOKENS, or what the worker measured
-    at load on this CPU (matmul_bf16_dispatch.py). UNBOUNDED once oneDNN's copies are freed:
-    nothing else is left to run them."""
+    on this CPU before it loaded its weights (matmul_bf16_dispatch.py), which their layouts
+    follow (ShardedLinear.pack): panels at a reach of 0 are not made, and at UNBOUNDED they are
+    the only ones."""
 
     max_tokens: int = MAX_TOKENS
+
+    def takes_every_step(self) -> bool:
+        """Whether the kernel runs every step, so that a weight needs no other layout."""
+        return self.max_tokens == UNBOUNDED
 
 
 REACH = Reach()

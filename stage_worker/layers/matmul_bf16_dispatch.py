@@ -10,8 +10,9 @@ over enough of its own weights to stream them from memory as a step does, at the
 of COUNTS, and keeps the kernel up to the last count before its first clear loss (LOSS_MARGIN:
 a median of 3 on a shared machine moves by a few percent; AMX should lead by a factor, not by
 noise). Where the kernel lost at no count, up to the largest step a budget allows here, its
-reach is unbounded and the worker frees oneDNN's copies of the weights: on the Zen 5 EPYC it
-leads by 3% to 80% at every count, so a stage's bf16 weights take half the memory there. The
+reach is unbounded and the stage's bf16 weights are packed as panels only: on the Zen 5 EPYC
+it leads by 2% to 60% at every count, so they take half the memory there. The worker measures
+before it loads (measure_shapes), so the layouts the stage holds are the ones it chose. The
 layers' reach also serves the LM head, whose rows are a decode step's sequences.
 """
 
@@ -58,7 +59,7 @@ class Calibration:
 
     @property
     def unbounded(self) -> bool:
-        """Whether the kernel takes every step (oneDNN's copies may go)."""
+        """Whether the kernel takes every step (no weight needs oneDNN's layout)."""
         return self.max_tokens == matmul_bf16.UNBOUNDED
 
     def describe(self) -> str:
@@ -67,7 +68,7 @@ class Calibration:
             for n, k, o in zip(self.counts, self.kernel_ms, self.onednn_ms, strict=True)
         )
         reach = (
-            "at every step size, oneDNN's copies of the weights freed"
+            "at every step size, each bf16 weight held once, as its panels"
             if self.unbounded
             else f"up to {self.max_tokens} tokens, oneDNN past them"
         )
@@ -136,6 +137,26 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
         onednn_ms.append(pair[1])
     reach = crossover(counts, kernel_ms, onednn_ms)
     return Calibration(tuple(counts), tuple(kernel_ms), tuple(onednn_ms), reach)
+
+
+def measure_shapes(
+    shapes: Sequence[tuple[int, int]], counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
+) -> Calibration:
+    """measure() over stand-in weights of these [out, in] shapes (a stage's linear layers in
+    order, the first SWEEP_BYTES of them), in both layouts: taken before the stage loads, so
+    that each weight is packed once, in the layouts the measurement chose, and a stage whose
+    weights the kernel takes alone never holds two copies. The values are a constant: neither
+    kernel's time depends on them (a fill costs what a copy does, random numbers seconds)."""
+    pairs: Weights = []
+    total = 0
+    for out, in_ in shapes:
+        if total >= SWEEP_BYTES:
+            break
+        weight = torch.full((out, in_), 0.01, dtype=torch.bfloat16)
+        packed = matmul_bf16.pack(weight)
+        pairs.append((onednn.pack(weight) if onednn.can_pack(weight) else weight, packed))
+        total += packed.panels.numel() * packed.panels.element_size()
+    return measure(pairs, counts, rounds)
 
 
 def _timed_turns(runs: tuple[Callable[[int], None], ...], n: int, rounds: int) -> list[float]:

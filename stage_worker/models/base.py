@@ -17,9 +17,7 @@ from stage_worker.layers import (
     RotaryEmbedding,
     ShardedLinear,
     VocabParallelEmbedding,
-    matmul_bf16,
 )
-from stage_worker.layers.matmul_bf16 import PackedBf16
 
 
 class StageLayer(nn.Module):
@@ -111,7 +109,7 @@ class StageModel(nn.Module):
             self.lm_head.pack(self.embed if self._head_tied() else None)
 
     def _head_tied(self) -> bool:
-        """Whether this stage's LM head and embedding hold the same rows."""
+        """Whether this stage's LM head and embedding hold the same rows (after load)."""
         return (
             self.embed is not None
             and self.lm_head is not None
@@ -179,33 +177,14 @@ class StageModel(nn.Module):
                     copies[_address(t)] = t.numel() * t.element_size()
         return sum(copies.values())
 
-    def bf16_panels(self) -> list[tuple[torch.Tensor, PackedBf16]]:
-        """(weight as oneDNN reads it, its bf16 kernel panels) of every linear layer holding
-        both, in the stage's order: what matmul_bf16_dispatch.py times."""
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """[out, in] of every linear layer's weight on this rank, in the stage's order (known
+        before load, on the meta device too): what matmul_bf16_dispatch.py times."""
         return [
-            (m.weight, m.bf16)
+            (m.weight.shape[0], m.weight.shape[1])
             for m in self.modules()
-            if isinstance(m, ShardedLinear) and m.bf16 is not None
+            if isinstance(m, ShardedLinear)
         ]
-
-    def keep_bf16_panels_only(self) -> None:
-        """Frees oneDNN's copy of every weight with bf16 panels, the LM head's too: where the
-        worker measured the kernel the faster one at every step size (matmul_bf16.REACH
-        unbounded), they are weights held twice for nothing."""
-        assert matmul_bf16.REACH.max_tokens == matmul_bf16.UNBOUNDED, "oneDNN still runs some steps"
-        tied = self._head_tied()
-        for module in self.modules():
-            if isinstance(module, ShardedLinear):
-                module.keep_bf16_panels_only()
-        if self.lm_head is not None:
-            self.lm_head.keep_bf16_panels_only(tied)
-
-    def drop_bf16_panels(self) -> None:
-        """Frees every bf16 kernel panel, the LM head's too: where the kernel is slower at every
-        step size, they are weights held twice for nothing."""
-        for module in self.modules():
-            if isinstance(module, (ShardedLinear, ParallelLMHead)):
-                module.bf16 = None
 
 
 def _address(t: torch.Tensor) -> int:

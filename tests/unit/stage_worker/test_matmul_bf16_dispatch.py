@@ -1,7 +1,7 @@
-"""How far a CPU's bf16 steps run the package's kernel rather than oneDNN, measured at load
-(stage_worker/layers/matmul_bf16_dispatch.py): the crossover rule, the weights a sweep reads,
-a real measurement, and what the worker does with it, panels freed where the kernel never
-wins."""
+"""How far a CPU's bf16 steps run the package's kernel rather than oneDNN, measured before a
+worker loads (stage_worker/layers/matmul_bf16_dispatch.py): the crossover rule, the weights a
+sweep reads, a real measurement, the shapes the worker times, and the layouts a stage then
+holds (no panels where the kernel never wins, panels only where it wins at every size)."""
 
 from __future__ import annotations
 
@@ -83,12 +83,7 @@ def test_a_sweep_reads_the_first_weights_up_to_its_bytes() -> None:
 
 @needs_kernel
 def test_a_real_measurement_times_both_at_every_count_and_says_so() -> None:
-    torch.manual_seed(0)
-    pairs = []
-    for out, in_ in ((96, 64), (64, 96)):
-        weight = torch.randn(out, in_).to(torch.bfloat16)
-        pairs.append((weight, matmul_bf16.pack(weight)))
-    got = matmul_bf16_dispatch.measure(pairs, counts=(1, 4), rounds=1)
+    got = matmul_bf16_dispatch.measure_shapes([(96, 64), (64, 96)], counts=(1, 4), rounds=1)
     assert got.counts == (1, 4) and len(got.kernel_ms) == len(got.onednn_ms) == 2
     assert all(t > 0 for t in got.kernel_ms + got.onednn_ms)
     assert got.max_tokens == crossover(got.counts, got.kernel_ms, got.onednn_ms)
@@ -96,61 +91,42 @@ def test_a_real_measurement_times_both_at_every_count_and_says_so() -> None:
     assert got.describe().startswith(f"bf16 matmul kernel {reach}")
 
 
-def _tiny_stage(checkpoint: Path, pp: int = 1, stage: int = 0) -> StageModel:
+def _stage(checkpoint: Path, device: str = "cpu") -> StageModel:
+    """Stage 0 of 1 in bf16, loaded (device "meta": its shapes only)."""
     model_dir = str(checkpoint)
-    reader = CheckpointReader(model_dir)
-    shard = ShardSpec(pp=pp, tp=1, stage=stage, tp_rank=0)
-    model = build_stage(load_spec(model_dir), shard, TPGroup(), "cpu", torch.bfloat16, reader)
-    reader.close()
+    reader = CheckpointReader(model_dir) if device != "meta" else None
+    shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
+    model = build_stage(load_spec(model_dir), shard, TPGroup(), device, torch.bfloat16, reader)
+    if reader is not None:
+        reader.close()
     return model
 
 
-def _measured(
-    monkeypatch: pytest.MonkeyPatch, max_tokens: int, offered: list[int] | None = None
-) -> None:
-    """The worker's measurement replaced by one that finds `max_tokens`."""
-
-    def measure(pairs: matmul_bf16_dispatch.Weights) -> Calibration:
-        if offered is not None:
-            offered.append(len(pairs))
-        return Calibration((1, 16, 32), (1.0, 1.0, 1.0), (2.0, 2.0, 0.5), max_tokens)
-
-    monkeypatch.setattr(matmul_bf16_dispatch, "measure", measure)
-
-
 @needs_kernel
-@pytest.mark.parametrize("measured", [16, 0], ids=["reach-16", "never-faster"])
-def test_the_worker_runs_the_kernel_as_far_as_measured_and_frees_panels_it_never_uses(
-    monkeypatch: pytest.MonkeyPatch,
-    tiny_checkpoint: Callable[[str], Path],
-    measured: int,
-    reach: None,
+def test_the_worker_measures_its_stages_shapes_before_it_loads(
+    monkeypatch: pytest.MonkeyPatch, tiny_checkpoint: Callable[[str], Path], reach: None
 ) -> None:
-    model = _tiny_stage(tiny_checkpoint("llama"))
-    layers, copies = len(model.bf16_panels()), model.kernel_copy_bytes
-    assert layers and model.lm_head is not None and model.lm_head.bf16 is not None
-    timed: list[int] = []
-    _measured(monkeypatch, measured, timed)
-    worker._measure_bf16_reach(model)
-    assert timed == [layers]  # every linear layer's weight offered
-    assert matmul_bf16.REACH.max_tokens == measured
-    if measured:
-        assert len(model.bf16_panels()) == layers and model.kernel_copy_bytes == copies
-    else:  # never faster: no panels held, the head on oneDNN and its exact top logits
-        assert not model.bf16_panels() and model.lm_head.bf16 is None
-        assert model.kernel_copy_bytes < copies
-        hidden = torch.randn(3, model.spec.hidden_size).to(torch.bfloat16)
-        assert model.compute_logits(hidden).dtype == torch.float32
+    checkpoint = tiny_checkpoint("llama")
+    timed: list[list[tuple[int, int]]] = []
+
+    def measure_shapes(shapes: list[tuple[int, int]]) -> Calibration:
+        timed.append(list(shapes))
+        return Calibration((1, 16, 32), (1.0, 1.0, 1.0), (2.0, 2.0, 0.5), 16)
+
+    monkeypatch.setattr(matmul_bf16_dispatch, "measure_shapes", measure_shapes)
+    shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
+    spec = load_spec(str(checkpoint))
+    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16)
+    assert timed == [_stage(checkpoint).linear_shapes()]  # every linear layer's, in order
+    assert matmul_bf16.REACH.max_tokens == 16
+    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.float32)
+    assert len(timed) == 1  # nothing to measure where no weight is bf16
 
 
 @needs_kernel
 @pytest.mark.parametrize("tied", [True, False], ids=["tied-head", "untied-head"])
-def test_a_kernel_faster_at_every_size_holds_each_weight_once_and_computes_the_same(
-    monkeypatch: pytest.MonkeyPatch,
-    tiny_checkpoint: Callable[[str], Path],
-    tmp_path: Path,
-    tied: bool,
-    reach: None,
+def test_the_layouts_follow_the_measured_reach(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path, tied: bool, reach: None
 ) -> None:
     # tied: the head's rows are the embedding's (as the demo model's), which looks them up
     checkpoint = (
@@ -158,34 +134,44 @@ def test_a_kernel_faster_at_every_size_holds_each_weight_once_and_computes_the_s
         if tied
         else tiny_checkpoint("llama")
     )
-    model = _tiny_stage(checkpoint)
-    assert model.lm_head is not None and model.embed is not None
-    assert (model.lm_head.weight is model.embed.weight) == tied
-    assert model.kernel_copy_bytes > 0
-    held_before = model.param_bytes + model.kernel_copy_bytes
-    gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(100, model.spec.hidden_size, generator=gen).to(torch.bfloat16)
-    layer = model.bf16_panels()[0]  # (oneDNN's weight, panels): 100 tokens ran on oneDNN
-    from_onednn = matmul_bf16_dispatch.onednn.linear(hidden, layer[0]).float()
-    logits_before = model.compute_logits(hidden)
-    token_ids = torch.tensor([0, 5, model.spec.vocab_size - 1])
-    rows_before = model.embed(token_ids)
+    built: dict[str, StageModel] = {}
+    for name, measured in (("never", 0), ("up-to-16", 16), ("every-size", UNBOUNDED)):
+        matmul_bf16.REACH.max_tokens = measured
+        built[name] = _stage(checkpoint)
+    for model in built.values():
+        assert model.lm_head is not None and model.embed is not None
+        assert (model.lm_head.weight is model.embed.weight) == tied
 
-    _measured(monkeypatch, UNBOUNDED)
-    worker._measure_bf16_reach(model)
+    def linears(model: StageModel) -> list[ShardedLinear]:
+        return [m for m in model.modules() if isinstance(m, ShardedLinear)]
 
-    linears = [m for m in model.modules() if isinstance(m, ShardedLinear)]
-    assert linears and all(
-        m.bf16 is not None and m.weight.data_ptr() == m.bf16.panels.data_ptr() for m in linears
+    def held(model: StageModel) -> int:
+        return model.param_bytes + model.kernel_copy_bytes
+
+    never, both, once = built["never"], built["up-to-16"], built["every-size"]
+    assert all(m.bf16 is None and m.weight.is_mkldnn for m in linears(never))
+    assert never.lm_head is not None and never.lm_head.bf16 is None
+    assert all(m.bf16 is not None and m.weight.is_mkldnn for m in linears(both))
+    assert all(
+        m.bf16 is not None and m.weight.data_ptr() == m.bf16.panels.data_ptr()
+        for m in linears(once)
     )
-    # the panels are the parameters now; a tied head's beside the embedding's rows
-    head_panels = model.lm_head.bf16
-    assert head_panels is not None
-    assert model.kernel_copy_bytes == (head_panels.panels.nbytes if tied else 0)
-    assert model.param_bytes + model.kernel_copy_bytes < 0.75 * held_before
-    first = linears[0]
-    torch.testing.assert_close(first(hidden).float(), from_onednn, rtol=2**-7, atol=0.01)
+    head = once.lm_head
+    assert head is not None and head.bf16 is not None and head.packed is None
+    # the panels are the parameters; a tied head's beside the embedding's rows
+    assert once.kernel_copy_bytes == (head.bf16.panels.nbytes if tied else 0)
+    assert held(once) < 0.75 * held(both) and held(never) < held(both)
+
+    # the same products: oneDNN's (never) against the kernel's at 100 tokens
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(100, once.spec.hidden_size, generator=gen).to(torch.bfloat16)
+    torch.testing.assert_close(
+        linears(once)[0](hidden).float(), linears(never)[0](hidden).float(), rtol=2**-7, atol=0.01
+    )
     # the kernel's float32 sums, against oneDNN's with the top ones refined
-    torch.testing.assert_close(model.compute_logits(hidden), logits_before, rtol=2**-7, atol=0.01)
-    assert torch.equal(model.embed(token_ids), rows_before)
-    assert (model.lm_head.weight is model.embed.weight) == tied
+    torch.testing.assert_close(
+        once.compute_logits(hidden), never.compute_logits(hidden), rtol=2**-7, atol=0.01
+    )
+    token_ids = torch.tensor([0, 5, once.spec.vocab_size - 1])
+    assert once.embed is not None and never.embed is not None
+    assert torch.equal(once.embed(token_ids), never.embed(token_ids))
