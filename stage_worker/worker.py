@@ -25,6 +25,7 @@ import zmq
 import zmq.auth  # CurveZMQ certificate files (text, no pickle)
 from sarathi_proto import stage_pb2
 
+from stage_worker import host_memory
 from stage_worker.attention import make_backend
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import (
@@ -285,7 +286,8 @@ class StageWorker:
     def _load(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:
         cfg = self.config
         spec, dtype = load_spec(cfg.model_dir), DTYPES[cfg.dtype]
-        _measure_bf16_reach(spec, shard, tp_group, cfg.device, dtype)  # first: pack() follows it
+        # first: pack() follows what it measures
+        _measure_bf16_reach(spec, shard, tp_group, cfg.device, dtype, cfg.kv_cache_bytes)
         t0 = time.monotonic()
         reader = CheckpointReader(cfg.model_dir)
         try:
@@ -663,16 +665,43 @@ def pack_prompt_logprobs(
 
 
 def _measure_bf16_reach(
-    spec: ModelSpec, shard: ShardSpec, tp_group: TPGroup, device: str, dtype: torch.dtype
+    spec: ModelSpec,
+    shard: ShardSpec,
+    tp_group: TPGroup,
+    device: str,
+    dtype: torch.dtype,
+    kv_cache_bytes: int,
 ) -> None:
     """Up to how many tokens this CPU's bf16 steps run the package's kernel, measured against
     oneDNN on stand-ins of the stage's own weight shapes (matmul_bf16_dispatch.py), before the
     weights load: they are then packed as it says (no panels where the kernel loses even at one
-    token, panels only where it wins at every size). Nothing where the kernel does not run."""
+    token, panels only where it wins at every size, or where oneDNN's copies would not fit in
+    memory). Nothing where the kernel does not run."""
     if not matmul_bf16.usable_for(torch.empty((1, 1), dtype=dtype, device=device)):
         return
-    shapes = build_stage(spec, shard, tp_group, "meta", dtype, None).linear_shapes()
+    stage = build_stage(spec, shard, tp_group, "meta", dtype, None)  # shapes, no memory
+    shapes = stage.linear_shapes()
     t0 = time.monotonic()
     calibration = matmul_bf16_dispatch.measure_shapes(shapes)
-    matmul_bf16.REACH.max_tokens = calibration.max_tokens
     logger.info("%s, in %.2f s", calibration.describe(), time.monotonic() - t0)
+    # oneDNN's copies: every linear weight's, and the LM head's
+    copy_elements = sum(out * in_ for out, in_ in shapes)
+    if stage.lm_head is not None:
+        copy_elements += stage.lm_head.weight.numel()
+    copy_bytes = copy_elements * dtype.itemsize
+    needed = stage.param_bytes + kv_cache_bytes
+    available = host_memory.available_bytes()
+    reach = calibration.max_tokens
+    if available is not None:
+        reach = matmul_bf16_dispatch.within_memory(reach, needed, copy_bytes, available)
+    if reach != calibration.max_tokens:
+        logger.warning(
+            "each bf16 weight held once, as its panels, though oneDNN was faster past %d "
+            "tokens: its copies (%.1f GiB) would not fit beside the stage's weights and KV "
+            "cache (%.1f GiB) in the %.1f GiB available",
+            calibration.max_tokens,
+            copy_bytes / 2**30,
+            needed / 2**30,
+            (available or 0) / 2**30,
+        )
+    matmul_bf16.REACH.max_tokens = reach

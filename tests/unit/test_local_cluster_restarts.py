@@ -45,3 +45,10 @@ def test_a_quiet_window_starts_the_count_again(
         now[0] += 30.0
     with pytest.raises(RuntimeError, match="worker exited with code 1; its log ends:\nit died"):
         cluster.supervise()
+
+
+def test_a_child_killed_says_how_and_a_sigkill_points_at_memory() -> None:
+    exit_reason = local_cluster.exit_reason
+    assert exit_reason(1) == "exited with code 1"
+    assert exit_reason(-4) == "was killed by signal SIGILL"
+    assert "out-of-memory killer" in exit_reason(-9) and "--kv-cache-mb" in exit_reason(-9)

@@ -298,7 +298,7 @@ class LocalCluster:
             code = proc.poll()
             if code is not None:
                 tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with code {code}; its log ends:\n{tail}")
+                raise RuntimeError(f"{name} {exit_reason(code)}; its log ends:\n{tail}")
 
     def supervise(self) -> list[str]:
         """Restarts every child that exited (a killed worker, or one that left a broken
@@ -314,7 +314,7 @@ class LocalCluster:
                 self.restarts_in_a_row = 0
             if self.restarts_in_a_row >= self.config.max_restarts:
                 self.check_alive()
-            log.warning("%s exited with code %s: restarting it", name, code)
+            log.warning("%s %s: restarting it", name, exit_reason(code))
             args, env = self._commands[name]
             self._spawn(name, args, env)
             self.procs[index] = self.procs.pop()  # _spawn appended the new process
@@ -392,3 +392,16 @@ def _temp_log_dir() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="sarathi-local-")
+
+
+def exit_reason(code: int) -> str:
+    """How a child ended, as a user reads it: a SIGKILL nobody here sent is most often the
+    kernel's out-of-memory killer (a model too large for the machine's memory)."""
+    if code == -signal.SIGKILL:
+        return (
+            "was killed (SIGKILL: most often the system's out-of-memory killer; "
+            "`dmesg | grep -i oom` says, and a smaller --kv-cache-mb or model may fit)"
+        )
+    if code < 0:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from sarathictl.bench.random_model import write_random_llama
 
-from stage_worker import native, worker
+from stage_worker import host_memory, native, worker
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ShardSpec, load_spec
@@ -114,13 +114,66 @@ def test_the_worker_measures_its_stages_shapes_before_it_loads(
         return Calibration((1, 16, 32), (1.0, 1.0, 1.0), (2.0, 2.0, 0.5), 16)
 
     monkeypatch.setattr(matmul_bf16_dispatch, "measure_shapes", measure_shapes)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 64 << 30)
     shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
     spec = load_spec(str(checkpoint))
-    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16)
+    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16, 1 << 30)
     assert timed == [_stage(checkpoint).linear_shapes()]  # every linear layer's, in order
     assert matmul_bf16.REACH.max_tokens == 16
-    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.float32)
+    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.float32, 1 << 30)
     assert len(timed) == 1  # nothing to measure where no weight is bf16
+
+    # where oneDNN's copies would not fit beside the weights and the KV cache: held once
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: (1 << 30) + (2 << 30))
+    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16, 2 << 30)
+    assert matmul_bf16.REACH.max_tokens == UNBOUNDED
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("measured", "available", "want"),
+    [
+        (32, 100 * GIB, 32),  # both copies fit
+        (32, 14 * GIB + 13 * GIB + GIB, 32),  # just: weights, copies and the headroom
+        (32, 14 * GIB + 13 * GIB + GIB - 1, UNBOUNDED),  # a byte short: panels only
+        (0, 1, 0),  # oneDNN alone: one copy anyway
+        (UNBOUNDED, 100 * GIB, UNBOUNDED),
+    ],
+    ids=["room", "just-room", "no-room", "never-faster", "every-size"],
+)
+def test_a_stage_whose_copies_would_not_fit_holds_its_weights_once(
+    measured: int, available: int, want: int
+) -> None:
+    # a Mistral-7B stage's shape: 14 GiB of weights and KV cache, oneDNN's copies 13 more
+    assert matmul_bf16_dispatch.within_memory(measured, 14 * GIB, 13 * GIB, available) == want
+
+
+def test_a_loss_is_measured_again_before_it_ends_the_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ms per round at 1 and 4 tokens: (kernel, oneDNN); at 4 the first rounds lose, noise
+    answers = {
+        1: [([1.0] * 3, [2.0] * 3)],
+        4: [([6.0] * 3, [5.0] * 3), ([1.0] * 3, [5.0] * 3)],
+    }
+    timed: list[int] = []
+
+    def turns(runs: object, n: int, rounds: int) -> list[list[float]]:
+        timed.append(n)
+        kernel, other = answers[n].pop(0)
+        return [kernel, other]
+
+    monkeypatch.setattr(matmul_bf16_dispatch, "_timed_turns", turns)
+    weight = torch.zeros(16, 64, dtype=torch.bfloat16)
+    pairs = [(weight, matmul_bf16.PackedBf16(torch.zeros(1, 32, 16, 2), 16, 64))]
+    monkeypatch.setattr(matmul_bf16, "linear", lambda x, w, *a: x)  # the warm-up calls
+    monkeypatch.setattr(matmul_bf16_dispatch.onednn, "linear", lambda x, w: x)
+    got = matmul_bf16_dispatch.measure(pairs, counts=(1, 4))
+    assert timed == [1, 4, 4]  # the loss at 4 measured twice, the win at 1 once
+    assert got.kernel_ms == (1.0, 3.5) and got.onednn_ms == (2.0, 5.0)  # medians of 6
+    assert got.unbounded  # no loss over both sets: the reach runs on
 
 
 @needs_kernel
