@@ -11,9 +11,9 @@ of COUNTS, and keeps the kernel up to the last count before its first clear loss
 a median of 3 on a shared machine moves by a few percent; AMX should lead by a factor, not by
 noise). Where the kernel lost at no count, up to the largest step a budget allows here, its
 reach is unbounded and the stage's bf16 weights are packed as panels only: on the Zen 5 EPYC
-it leads by 2% to 60% at every count, so they take half the memory there. The worker measures
-before it loads (measure_shapes), so the layouts the stage holds are the ones it chose. The
-layers' reach also serves the LM head, whose rows are a decode step's sequences.
+it ran at 0.98x-1.68x oneDNN's speed over the counts, so they take half the memory there. The
+worker measures before it loads (measure_shapes), so the layouts the stage holds are the ones
+it chose. The layers' reach also serves the LM head, whose rows are a decode step's sequences.
 """
 
 from __future__ import annotations

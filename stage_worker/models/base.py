@@ -106,15 +106,8 @@ class StageModel(nn.Module):
             if isinstance(module, ShardedLinear):
                 module.pack()
         if self.lm_head is not None:
-            self.lm_head.pack(self.embed if self._head_tied() else None)
-
-    def _head_tied(self) -> bool:
-        """Whether this stage's LM head and embedding hold the same rows (after load)."""
-        return (
-            self.embed is not None
-            and self.lm_head is not None
-            and self.lm_head.weight is self.embed.weight
-        )
+            shared = self.embed is not None and self.lm_head.weight is self.embed.weight
+            self.lm_head.pack(self.embed if shared else None)
 
     # ---- compute ---------------------------------------------------------------------------
     def forward(

@@ -319,8 +319,8 @@ def _weights(layer: LlamaLayer, dtype: torch.dtype) -> _LayerWeights | None:
     """The layer's weights for the loop, or None where one of its matmuls is not on the loop's
     kernels: a float32 weight the AVX2 kernel did not take (--no-cpu-matmul-kernel), a bf16 one
     neither oneDNN nor the bf16 kernel packed, or that the small-batch kernel also reads
-    (--small-batch-kernel). A bf16
-    layer's matmuls are its modules (ShardedLinear), called past their __call__."""
+    (--small-batch-kernel). A bf16 layer's matmuls are its modules (ShardedLinear), called past
+    their __call__."""
     mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     norms = (layer.input_norm.weight.data, layer.post_norm.weight.data)
     if not all(n.is_contiguous() for n in norms):
