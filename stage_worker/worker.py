@@ -25,7 +25,7 @@ import zmq
 import zmq.auth  # CurveZMQ certificate files (text, no pickle)
 from sarathi_proto import stage_pb2
 
-from stage_worker import host_memory
+from stage_worker import bf16_layouts
 from stage_worker.attention import make_backend
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import (
@@ -35,12 +35,12 @@ from stage_worker.comm import (
     destroy_distributed,
     init_distributed,
 )
-from stage_worker.config import ModelSpec, ShardSpec, load_spec
+from stage_worker.config import ShardSpec, load_spec
 from stage_worker.control_socket import ControlSocket, PeerWait
 from stage_worker.cuda_graphs import DecodeGraphs
 from stage_worker.errors import PlanError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
-from stage_worker.layers import cpu_matmul, fused, gemv, matmul_bf16, matmul_bf16_dispatch
+from stage_worker.layers import cpu_matmul, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
 from stage_worker.runner import PreparedStep, StageRunner, prompt_logprobs
 from stage_worker.sampler import TokenLogprobs
@@ -86,6 +86,9 @@ class WorkerConfig:
     dtype: str = "bfloat16"
     kv_cache_bytes: int = 1 << 30
     """CPU only: memory for the KV cache (on CUDA the free memory after loading decides)."""
+    workers_on_host: int = 1
+    """Workers loading on this machine at once (`up --local` starts them all together): each
+    judges its share of the memory when it chooses its bf16 weights' layouts."""
     block_size_hint: int = 16
     """Tokens per block assumed when reporting num_kv_blocks (the controller confirms it)."""
     num_threads: int = 0
@@ -129,6 +132,8 @@ class WorkerConfig:
             raise ValueError(f"device={self.device!r}: must be cpu or cuda")
         if self.kv_cache_bytes < 0:
             raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes}: must be >= 0")
+        if self.workers_on_host < 1:
+            raise ValueError(f"workers_on_host={self.workers_on_host}: must be >= 1")
         if self.attention not in ("torch", "flashinfer"):
             raise ValueError(f"attention={self.attention!r}: must be torch or flashinfer")
         if bool(self.curve_server_key_file) != bool(self.curve_key_file):
@@ -287,7 +292,9 @@ class StageWorker:
         cfg = self.config
         spec, dtype = load_spec(cfg.model_dir), DTYPES[cfg.dtype]
         # first: pack() follows what it measures
-        _measure_bf16_reach(spec, shard, tp_group, cfg.device, dtype, cfg.kv_cache_bytes)
+        bf16_layouts.choose(
+            spec, shard, tp_group, cfg.device, dtype, cfg.kv_cache_bytes, cfg.workers_on_host
+        )
         t0 = time.monotonic()
         reader = CheckpointReader(cfg.model_dir)
         try:
@@ -662,46 +669,3 @@ def pack_prompt_logprobs(
             chunk.logprobs.append(entry.logprob)
             chunk.top_token_ids.extend(entry.top_token_ids)
             chunk.top_logprobs.extend(entry.top_logprobs)
-
-
-def _measure_bf16_reach(
-    spec: ModelSpec,
-    shard: ShardSpec,
-    tp_group: TPGroup,
-    device: str,
-    dtype: torch.dtype,
-    kv_cache_bytes: int,
-) -> None:
-    """Up to how many tokens this CPU's bf16 steps run the package's kernel, measured against
-    oneDNN on stand-ins of the stage's own weight shapes (matmul_bf16_dispatch.py), before the
-    weights load: they are then packed as it says (no panels where the kernel loses even at one
-    token, panels only where it wins at every size, or where oneDNN's copies would not fit in
-    memory). Nothing where the kernel does not run."""
-    if not matmul_bf16.usable_for(torch.empty((1, 1), dtype=dtype, device=device)):
-        return
-    stage = build_stage(spec, shard, tp_group, "meta", dtype, None)  # shapes, no memory
-    shapes = stage.linear_shapes()
-    t0 = time.monotonic()
-    calibration = matmul_bf16_dispatch.measure_shapes(shapes)
-    logger.info("%s, in %.2f s", calibration.describe(), time.monotonic() - t0)
-    # oneDNN's copies: every linear weight's, and the LM head's
-    copy_elements = sum(out * in_ for out, in_ in shapes)
-    if stage.lm_head is not None:
-        copy_elements += stage.lm_head.weight.numel()
-    copy_bytes = copy_elements * dtype.itemsize
-    needed = stage.param_bytes + kv_cache_bytes
-    available = host_memory.available_bytes()
-    reach = calibration.max_tokens
-    if available is not None:
-        reach = matmul_bf16_dispatch.within_memory(reach, needed, copy_bytes, available)
-    if reach != calibration.max_tokens:
-        logger.warning(
-            "each bf16 weight held once, as its panels, though oneDNN was faster past %d "
-            "tokens: its copies (%.1f GiB) would not fit beside the stage's weights and KV "
-            "cache (%.1f GiB) in the %.1f GiB available",
-            calibration.max_tokens,
-            copy_bytes / 2**30,
-            needed / 2**30,
-            (available or 0) / 2**30,
-        )
-    matmul_bf16.REACH.max_tokens = reach

@@ -73,7 +73,8 @@ class ParallelLMHead(nn.Module):
         self.packed: torch.Tensor | None = None
         # The weight row-major for gemv.linear, when the small-batch kernel is on.
         self.plain: torch.Tensor | None = None
-        # CPU bf16: the weight as the bf16 kernel's panels, for a few rows' logits in float32.
+        # CPU bf16: the weight as the bf16 kernel's panels, for the rows of the kernel's reach
+        # (matmul_bf16.REACH), logits in float32.
         self.bf16: matmul_bf16.PackedBf16 | None = None
         # The weight's rows as loaded, for the float32 recomputation of the top logits
         # (exact_logits.py) of a head that is not float32; an untied CPU bf16 head keeps them
@@ -84,6 +85,9 @@ class ParallelLMHead(nn.Module):
         # CPU float32: the weight as the AVX2 matmul kernel's panels (cpu_matmul.py), then
         # also `weight`; a tied embedding on this rank then looks its rows up in them.
         self.f32: cpu_matmul.PackedWeight | None = None
+        # CPU bf16 where the kernel takes every step: `bf16` is the only layout scoring (an
+        # untied head's `weight` too), whatever matmul_bf16.REACH says later.
+        self.panels_only = False
 
     def pack(self, embedding: VocabParallelEmbedding | None) -> None:
         """After load: the weight in the layout of the fastest kernel for it (no-op where
@@ -99,6 +103,7 @@ class ParallelLMHead(nn.Module):
         if matmul_bf16.usable_for(self.weight.data) and matmul_bf16.REACH.max_tokens > 0:
             self.bf16 = matmul_bf16.pack(self.weight.data)
             if matmul_bf16.REACH.takes_every_step():  # the panels score every step
+                self.panels_only = True
                 if not shared_with_embedding:  # held once; a tied embedding keeps its rows
                     self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
                 return
@@ -122,7 +127,9 @@ class ParallelLMHead(nn.Module):
             # the float32 sums handed back unrounded: no ties made by rounding, nothing to
             # refine (and no host sync for it)
             logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-        elif self.bf16 is not None and hidden.shape[0] <= matmul_bf16.REACH.max_tokens:
+        elif self.bf16 is not None and (
+            self.panels_only or hidden.shape[0] <= matmul_bf16.REACH.max_tokens
+        ):
             # the CPU's bf16 kernel hands its float32 sums back unrounded too
             logits = matmul_bf16.linear(hidden, self.bf16, torch.float32)
         else:

@@ -67,9 +67,13 @@ class ShardedLinear(nn.Module):
         self.plain: torch.Tensor | None = None
         """The weight row-major for gemv.linear, when the small-batch kernel is on."""
         self.bf16: matmul_bf16.PackedBf16 | None = None
-        """The weight as the bf16 kernel's panels, for steps of a few tokens, once packed."""
+        """The weight as the bf16 kernel's panels, for the steps of its reach
+        (matmul_bf16.REACH), once packed."""
         self.f32: cpu_matmul.PackedWeight | None = None
         """The weight as the float32 kernel's panels (then also `weight`), once packed."""
+        self.panels_only = False
+        """Whether `bf16` is the only layout held (then also `weight`): every step runs the
+        bf16 kernel, whatever matmul_bf16.REACH says later."""
 
     def pack(self) -> None:
         """After load: the weight in the layout of the fastest kernel for it (no-op where
@@ -82,6 +86,7 @@ class ShardedLinear(nn.Module):
             self.bf16 = matmul_bf16.pack(self.weight.data)
             if matmul_bf16.REACH.takes_every_step():  # held once, as panels
                 self.weight = nn.Parameter(self.bf16.panels, requires_grad=False)
+                self.panels_only = True
                 return
         if gemv.usable_for(self.weight.data):
             self.plain = self.weight.data  # for the GEMV kernel; oneDNN gets its own copy
@@ -102,6 +107,9 @@ class ShardedLinear(nn.Module):
         """forward() without the clock: x [num_tokens, in_] -> [num_tokens, out]."""
         if self.f32 is not None:
             return cpu_matmul.linear(x, self.f32)
+        if self.panels_only:
+            assert self.bf16 is not None
+            return matmul_bf16.linear(x, self.bf16)
         return linear(x, self.weight, self.plain, self.bf16)
 
 

@@ -66,7 +66,8 @@ class PackedBf16:
 
 
 def usable_for(weight: torch.Tensor) -> bool:
-    """Whether weight ([out, in]) should also be packed for the kernel, decided once at load."""
+    """Whether weight ([out, in]) may be packed for the kernel (how, the reach says: pack()
+    in linear.py), decided once at load."""
     return (
         cpu_matmul.enabled()
         and weight.device.type == "cpu"

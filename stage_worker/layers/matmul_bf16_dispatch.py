@@ -99,22 +99,34 @@ def sweep_bytes(tokens: int) -> int:
     return SWEEP_BYTES * min(tokens, STREAMED_UP_TO) // tokens
 
 
+def _shape(pair: tuple[torch.Tensor, matmul_bf16.PackedBf16]) -> tuple[int, int]:
+    return pair[1].out_features, pair[1].in_features
+
+
 def sweep_weights(pairs: Weights, size: int = SWEEP_BYTES) -> Weights:
-    """The first of `pairs` whose panels add up to `size` bytes (all where they hold fewer)."""
+    """One of each shape in `pairs` (in order: a 7B model's down projection, the widest input,
+    must be timed too), then the others in order until their panels add up to `size` bytes."""
     taken: Weights = []
-    total = 0
+    shapes = set()
+    for pair in pairs:
+        if _shape(pair) not in shapes:
+            shapes.add(_shape(pair))
+            taken.append(pair)
+    total = sum(p.panels.numel() * p.panels.element_size() for _, p in taken)
     for pair in pairs:
         if total >= size:
             break
+        if any(pair is t for t in taken):
+            continue
         taken.append(pair)
         total += pair[1].panels.numel() * pair[1].panels.element_size()
     return taken
 
 
 def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS) -> Calibration:
-    """Each count's median sweep time over `pairs` (the first sweep_bytes(count) of them) on
-    the kernel and on oneDNN, and the crossover. pairs: non-empty; the inputs are random bf16
-    rows, [count, in] per weight."""
+    """Each count's median sweep time over `pairs` (sweep_weights: one of each shape, then up
+    to sweep_bytes(count)) on the kernel and on oneDNN, up to the first loss, and the
+    crossover. pairs: non-empty; the inputs are random bf16 rows, [count, in] per weight."""
     widths = {packed.in_features for _, packed in pairs}
     rows = {w: torch.randn(max(counts), w).to(torch.bfloat16) for w in widths}  # [n, in]
     weights: Weights = []
@@ -127,7 +139,10 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
         for weight, packed in weights:
             onednn.linear(rows[packed.in_features][:n], weight)
 
-    kernel_ms, onednn_ms = [], []
+    if not pairs or not counts:
+        raise ValueError("nothing to measure: no weights or no token counts")
+    kernel_ms: list[float] = []
+    onednn_ms: list[float] = []
     for n in counts:
         weights = sweep_weights(pairs, sweep_bytes(n))
         kernel(n)  # warm: first touches, and oneDNN's primitive for this shape
@@ -141,8 +156,11 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
             mine, theirs = mine + more_mine, theirs + more_theirs
         kernel_ms.append(statistics.median(mine))
         onednn_ms.append(statistics.median(theirs))
-    reach = crossover(counts, kernel_ms, onednn_ms)
-    return Calibration(tuple(counts), tuple(kernel_ms), tuple(onednn_ms), reach)
+        if kernel_ms[-1] > LOSS_MARGIN * onednn_ms[-1]:
+            break  # the reach ends here; the counts past it are not timed
+    timed = tuple(counts[: len(kernel_ms)])
+    reach = crossover(timed, kernel_ms, onednn_ms)
+    return Calibration(timed, tuple(kernel_ms), tuple(onednn_ms), reach)
 
 
 MEMORY_HEADROOM_BYTES = 1 << 30
@@ -150,37 +168,46 @@ MEMORY_HEADROOM_BYTES = 1 << 30
 copies fit (activations, the runtime, the controller on the same machine)."""
 
 
-def within_memory(measured: int, needed_bytes: int, copy_bytes: int, available_bytes: int) -> int:
-    """The reach to run: the measured one, or UNBOUNDED (each weight held once, as panels)
-    where oneDNN's copies (copy_bytes more) would not fit beside what the stage needs anyway
-    (needed_bytes: its weights and KV cache) in the memory available, with
-    MEMORY_HEADROOM_BYTES to spare. A stage that runs oneDNN past a few tokens somewhat faster
-    beats none that the system's out-of-memory killer ended while it loaded: a Mistral-7B stage
-    on 24 GiB is 14 GiB of weights, and both layouts 27."""
+def within_memory(
+    calibration: Calibration, needed_bytes: int, copy_bytes: int, available_bytes: int
+) -> int:
+    """The reach to run: the measured one where oneDNN's copies (copy_bytes more) fit beside
+    what the stage needs anyway (needed_bytes: its weights held once and its KV cache) in the
+    memory available, with MEMORY_HEADROOM_BYTES to spare; else one layout, whichever ran
+    faster over the counts measured (the geometric mean of the ratios: each count alike):
+    UNBOUNDED (panels only) or 0 (oneDNN only). A stage somewhat slower at some step sizes
+    beats one the system's out-of-memory killer ended while it loaded: a Mistral-7B stage on
+    24 GiB is 14 GiB of weights, and both layouts 27."""
+    measured = calibration.max_tokens
     if measured in (0, matmul_bf16.UNBOUNDED):
         return measured  # one copy either way
-    if needed_bytes + copy_bytes + MEMORY_HEADROOM_BYTES > available_bytes:
-        return matmul_bf16.UNBOUNDED
-    return measured
+    if needed_bytes + copy_bytes + MEMORY_HEADROOM_BYTES <= available_bytes:
+        return measured
+    ratios = [o / k for k, o in zip(calibration.kernel_ms, calibration.onednn_ms, strict=True)]
+    return matmul_bf16.UNBOUNDED if statistics.geometric_mean(ratios) >= 1.0 else 0
 
 
 def measure_shapes(
     shapes: Sequence[tuple[int, int]], counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
 ) -> Calibration:
     """measure() over stand-in weights of these [out, in] shapes (a stage's linear layers in
-    order, the first SWEEP_BYTES of them), in both layouts: taken before the stage loads, so
-    that each weight is packed once, in the layouts the measurement chose, and a stage whose
-    weights the kernel takes alone never holds two copies. The values are a constant: neither
-    kernel's time depends on them (a fill costs what a copy does, random numbers seconds)."""
-    pairs: Weights = []
-    total = 0
-    for out, in_ in shapes:
+    order: one of each shape, then the first SWEEP_BYTES of them), in both layouts: taken
+    before the stage loads, so that each weight is packed once, in the layouts the measurement
+    chose, and a stage whose weights the kernel takes alone never holds two copies. The values
+    are a constant: neither kernel's time depends on them (a fill costs what a copy does,
+    random numbers seconds)."""
+    wanted = list(dict.fromkeys(shapes))  # one of each shape first: sweep_weights times all
+    total = sum(out * in_ * 2 for out, in_ in wanted)
+    for shape in shapes:  # then the stage's order, up to SWEEP_BYTES
         if total >= SWEEP_BYTES:
             break
+        wanted.append(shape)
+        total += shape[0] * shape[1] * 2
+    pairs: Weights = []
+    for out, in_ in wanted:
         weight = torch.full((out, in_), 0.01, dtype=torch.bfloat16)
         packed = matmul_bf16.pack(weight)
         pairs.append((onednn.pack(weight) if onednn.can_pack(weight) else weight, packed))
-        total += packed.panels.numel() * packed.panels.element_size()
     return measure(pairs, counts, rounds)
 
 

@@ -14,8 +14,9 @@ bf16").
 When: a Llama stage with TP=1 (nothing to all-reduce) on the CPU, the fused ops on, the step
 prepared for the attention kernel, and either
 - float32, every linear layer packed for the AVX2 matmul kernel (cpu_matmul.py), or
-- bfloat16, every linear layer packed for oneDNN (onednn.py) and, where it runs, for the bf16
-  kernel of a few tokens (matmul_bf16.py); not with --small-batch-kernel.
+- bfloat16, every linear layer packed for oneDNN (onednn.py), for the package's bf16 kernel
+  (matmul_bf16.py), or both, as that kernel's measured reach says; not with
+  --small-batch-kernel.
 Anything else runs the layers' modules, as does `--no-cpu-layer-loop` (to compare). Both give
 the same hidden states bit for bit (tests/unit/stage_worker/test_cpu_layer_loop.py).
 """
@@ -152,10 +153,10 @@ class _Float32Matmuls:
 
 
 class _Bf16Matmuls:
-    """The layers' own bf16 matmuls (ShardedLinear.matmul: the package's bf16 kernel for a few
-    tokens, oneDNN's packed kernel for more), on torch's threads: each product a fresh tensor
-    (oneDNN writes no given buffer), added into the residual stream in place, rounded as the
-    modules' `x + o_proj(...)` rounds it."""
+    """The layers' own bf16 matmuls (ShardedLinear.matmul: the package's bf16 kernel for the
+    steps of its reach, oneDNN's packed kernel for more), on torch's threads: each product a
+    fresh tensor (oneDNN writes no given buffer), added into the residual stream in place,
+    rounded as the modules' `x + o_proj(...)` rounds it."""
 
     silu_in_matmul = False
 

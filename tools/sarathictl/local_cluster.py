@@ -238,6 +238,7 @@ class LocalCluster:
                         "--stage", str(stage), "--tp-rank", str(rank), "--dtype", cfg.dtype,
                         "--num-threads", str(cfg.threads_per_worker),
                         "--kv-cache-bytes", str(cfg.kv_cache_bytes),
+                        "--workers-on-host", str(cfg.pp * cfg.tp),
                         *placements[stage * cfg.tp + rank],
                         *cfg.extra_worker_args,
                     ],
@@ -403,5 +404,8 @@ def exit_reason(code: int) -> str:
             "`dmesg | grep -i oom` says, and a smaller --kv-cache-mb or model may fit)"
         )
     if code < 0:
-        return f"was killed by signal {signal.Signals(-code).name}"
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            return f"was killed by signal {-code}"
     return f"exited with code {code}"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from sarathictl.bench.random_model import write_random_llama
 
-from stage_worker import host_memory, native, worker
+from stage_worker import bf16_layouts, host_memory, native
 from stage_worker.checkpoint import CheckpointReader
 from stage_worker.comm import TPGroup
 from stage_worker.config import ShardSpec, load_spec
@@ -70,15 +70,17 @@ def test_a_sweep_past_the_streamed_counts_reads_fewer_weights() -> None:
     ]
 
 
-def test_a_sweep_reads_the_first_weights_up_to_its_bytes() -> None:
+def test_a_sweep_reads_every_shape_then_the_first_weights_up_to_its_bytes() -> None:
     def pair(out: int) -> tuple[torch.Tensor, matmul_bf16.PackedBf16]:
         panels = torch.empty(out // 16, 32, 16, 2, dtype=torch.bfloat16)  # out * 64 * 2 bytes
         return torch.empty(0), matmul_bf16.PackedBf16(panels, out, 64)
 
-    pairs = [pair(16), pair(32), pair(64), pair(16)]  # 2, 4, 8 and 2 KiB of panels
+    pairs = [pair(16), pair(32), pair(16), pair(16), pair(64)]  # 2, 4, 2, 2 and 8 KiB
     sweep = matmul_bf16_dispatch.sweep_weights
-    assert [p[1].out_features for p in sweep(pairs, 6 << 10)] == [16, 32]
-    assert len(sweep(pairs, 1 << 30)) == 4  # more than all: all
+    # one of each shape whatever the bytes (the last, widest one too), then in order
+    assert [p[1].out_features for p in sweep(pairs, 6 << 10)] == [16, 32, 64]
+    assert [p[1].out_features for p in sweep(pairs, 15 << 10)] == [16, 32, 64, 16]
+    assert len(sweep(pairs, 1 << 30)) == 5  # more than all: all
 
 
 @needs_kernel
@@ -108,46 +110,73 @@ def test_the_worker_measures_its_stages_shapes_before_it_loads(
 ) -> None:
     checkpoint = tiny_checkpoint("llama")
     timed: list[list[tuple[int, int]]] = []
+    found = Calibration((1, 16, 32), (1.0, 1.0, 1.0), (2.0, 2.0, 0.5), 16)
 
     def measure_shapes(shapes: list[tuple[int, int]]) -> Calibration:
         timed.append(list(shapes))
-        return Calibration((1, 16, 32), (1.0, 1.0, 1.0), (2.0, 2.0, 0.5), 16)
+        return found
 
     monkeypatch.setattr(matmul_bf16_dispatch, "measure_shapes", measure_shapes)
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: 64 << 30)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 64 * GIB)
     shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
     spec = load_spec(str(checkpoint))
-    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16, 1 << 30)
-    assert timed == [_stage(checkpoint).linear_shapes()]  # every linear layer's, in order
+    meta = _stage(checkpoint, "meta")
+
+    def choose(dtype: torch.dtype, kv_cache_bytes: int, workers_on_host: int = 1) -> None:
+        bf16_layouts.choose(spec, shard, TPGroup(), "cpu", dtype, kv_cache_bytes, workers_on_host)
+
+    choose(torch.bfloat16, GIB)
+    assert timed == [meta.linear_shapes()]  # every linear layer's, in order
     assert matmul_bf16.REACH.max_tokens == 16
-    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.float32, 1 << 30)
+    choose(torch.float32, GIB)
     assert len(timed) == 1  # nothing to measure where no weight is bf16
 
-    # where oneDNN's copies would not fit beside the weights and the KV cache: held once
-    monkeypatch.setattr(host_memory, "available_bytes", lambda: (1 << 30) + (2 << 30))
-    worker._measure_bf16_reach(spec, shard, TPGroup(), "cpu", torch.bfloat16, 2 << 30)
+    # where oneDNN's copies would not fit beside the weights and the KV cache: held once,
+    # in the layout that ran faster over the counts (here the kernel's: 2x, 2x and 0.5x)
+    sizes = bf16_layouts.stage_bytes(meta, tied=False)
+    room = sizes.once + 2 * GIB + sizes.both_extra + matmul_bf16_dispatch.MEMORY_HEADROOM_BYTES
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: room)
+    choose(torch.bfloat16, 2 * GIB)
+    assert matmul_bf16.REACH.max_tokens == 16  # just fits
+    choose(torch.bfloat16, 2 * GIB, workers_on_host=2)  # half of it each: does not
     assert matmul_bf16.REACH.max_tokens == UNBOUNDED
 
 
+def test_a_stage_counts_the_copies_both_layouts_hold(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:
+    untied = _stage(tiny_checkpoint("llama"), "meta")
+    linear = sum(o * i for o, i in untied.linear_shapes()) * 2
+    assert untied.lm_head is not None
+    head = untied.lm_head.weight.numel() * 2
+    got = bf16_layouts.stage_bytes(untied, tied=False)
+    # untied: the head's rows and oneDNN's copy beside its panels; tied: oneDNN's copy only
+    assert got == bf16_layouts.StageBytes(untied.param_bytes, linear + 2 * head)
+    assert bf16_layouts.stage_bytes(untied, tied=True).both_extra == linear + head
+
+
 GIB = 1 << 30
+FASTER, SLOWER = (1.0, 1.0, 1.0), (1.0, 3.0, 3.0)  # the kernel's ms against oneDNN's (2, 2, 2)
 
 
 @pytest.mark.parametrize(
-    ("measured", "available", "want"),
+    ("measured", "kernel_ms", "available", "want"),
     [
-        (32, 100 * GIB, 32),  # both copies fit
-        (32, 14 * GIB + 13 * GIB + GIB, 32),  # just: weights, copies and the headroom
-        (32, 14 * GIB + 13 * GIB + GIB - 1, UNBOUNDED),  # a byte short: panels only
-        (0, 1, 0),  # oneDNN alone: one copy anyway
-        (UNBOUNDED, 100 * GIB, UNBOUNDED),
+        (32, FASTER, 100 * GIB, 32),  # both copies fit
+        (32, FASTER, 14 * GIB + 13 * GIB + GIB, 32),  # just: weights, copies and the headroom
+        (32, FASTER, 14 * GIB + 13 * GIB + GIB - 1, UNBOUNDED),  # a byte short: panels only
+        (32, SLOWER, 20 * GIB, 0),  # no room, oneDNN faster over the counts: oneDNN only
+        (0, SLOWER, 1, 0),  # oneDNN alone: one copy anyway
+        (UNBOUNDED, FASTER, 100 * GIB, UNBOUNDED),
     ],
-    ids=["room", "just-room", "no-room", "never-faster", "every-size"],
+    ids=["room", "just-room", "no-room", "no-room-onednn", "never-faster", "every-size"],
 )
 def test_a_stage_whose_copies_would_not_fit_holds_its_weights_once(
-    measured: int, available: int, want: int
+    measured: int, kernel_ms: tuple[float, ...], available: int, want: int
 ) -> None:
     # a Mistral-7B stage's shape: 14 GiB of weights and KV cache, oneDNN's copies 13 more
-    assert matmul_bf16_dispatch.within_memory(measured, 14 * GIB, 13 * GIB, available) == want
+    found = Calibration((1, 16, 32), kernel_ms, (2.0, 2.0, 2.0), measured)
+    assert matmul_bf16_dispatch.within_memory(found, 14 * GIB, 13 * GIB, available) == want
 
 
 def test_a_loss_is_measured_again_before_it_ends_the_reach(
@@ -174,6 +203,12 @@ def test_a_loss_is_measured_again_before_it_ends_the_reach(
     assert timed == [1, 4, 4]  # the loss at 4 measured twice, the win at 1 once
     assert got.kernel_ms == (1.0, 3.5) and got.onednn_ms == (2.0, 5.0)  # medians of 6
     assert got.unbounded  # no loss over both sets: the reach runs on
+
+    # a loss that holds ends the measurement there: 8 is not timed
+    answers.update({1: [([1.0] * 3, [2.0] * 3)], 4: [([6.0] * 3, [5.0] * 3)] * 2, 8: []})
+    timed.clear()
+    got = matmul_bf16_dispatch.measure(pairs, counts=(1, 4, 8))
+    assert timed == [1, 4, 4] and got.counts == (1, 4) and got.max_tokens == 1
 
 
 @needs_kernel
@@ -225,6 +260,13 @@ def test_the_layouts_follow_the_measured_reach(
     torch.testing.assert_close(
         once.compute_logits(hidden), never.compute_logits(hidden), rtol=2**-7, atol=0.01
     )
+    # the layouts are fixed at pack(): a reach set later leaves each stage computing the same
+    once_logits = once.compute_logits(hidden)
+    matmul_bf16.REACH.max_tokens = 16
+    assert torch.equal(once.compute_logits(hidden), once_logits)  # panels only: the kernel
+    torch.testing.assert_close(
+        linears(both)[0](hidden).float(), linears(never)[0](hidden).float(), rtol=2**-7, atol=0.01
+    )  # both layouts: 100 tokens on oneDNN, past the reach
     token_ids = torch.tensor([0, 5, once.spec.vocab_size - 1])
     assert once.embed is not None and never.embed is not None
     assert torch.equal(once.embed(token_ids), never.embed(token_ids))

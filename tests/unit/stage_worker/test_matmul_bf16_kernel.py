@@ -41,10 +41,10 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 # k: whole pairs, an odd count (the last input alone), a single input; m: one token, the
 # two-sums path (< 8), one block of 24, and blocks past it. From 16 tokens holding 48 Ki
 # inputs (tokens times k: here k = 1025 from 48 tokens, 4096 from 24, 576 at 101): groups of
-# four panels against six tokens, the last block short at 101; past 2048 inputs, in two passes
-# over k (4096, and 4097 with its last input alone). n: a partial panel, and at 200 (13
-# panels) groups of four and one, the last partial.
-@pytest.mark.parametrize("k", [4097, 4096, 1025, 576, 96, 33, 7, 1])
+# four panels against six tokens, the last block short at 101; past 2048 inputs, in passes of
+# 2048 over k (4096; 4097 with its last input alone; 5001, its last pass short). n: a partial
+# panel, and at 200 (13 panels) groups of four and one, the last partial.
+@pytest.mark.parametrize("k", [5001, 4097, 4096, 1025, 576, 96, 33, 7, 1])
 @pytest.mark.parametrize("m", [1, 5, 8, 24, 25, 48, 64, 101])
 @pytest.mark.parametrize("n", [37, 200])
 def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None:
@@ -59,7 +59,8 @@ def test_products_match_float32_to_bf16_rounding(m: int, k: int, n: int) -> None
 
 
 @pytest.mark.usefixtures("threads")
-@pytest.mark.parametrize(("m", "k"), [(12, 576), (60, 1024)])  # a block per panel; groups
+# a block per panel; groups of panels; groups in two passes over k, the partial sums per thread
+@pytest.mark.parametrize(("m", "k"), [(12, 576), (60, 1024), (60, 4097)])
 def test_the_thread_count_moves_no_bit(m: int, k: int) -> None:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
@@ -112,11 +113,12 @@ def test_layers_run_a_few_tokens_on_the_kernel_and_more_on_onednn(
     assert calls == [1, reach]
 
 
-@pytest.mark.parametrize("m", [1, 7, 30])
-def test_float32_out_is_the_sums_the_bf16_out_rounds(m: int) -> None:
+# one panel at a time (k = 101); groups of panels, in two passes over k at 4097
+@pytest.mark.parametrize(("m", "k"), [(1, 101), (7, 101), (30, 101), (101, 576), (24, 4097)])
+def test_float32_out_is_the_sums_the_bf16_out_rounds(m: int, k: int) -> None:
     gen = torch.Generator().manual_seed(m)
-    x = torch.randn(m, 101, generator=gen).to(torch.bfloat16)
-    packed = matmul_bf16.pack(torch.randn(37, 101, generator=gen).to(torch.bfloat16))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    packed = matmul_bf16.pack(torch.randn(37, k, generator=gen).to(torch.bfloat16))
     sums = matmul_bf16.linear(x, packed, torch.float32)
     assert sums.dtype == torch.float32
     # vcvtneps2bf16 rounds as torch does (nearest, ties to even): the same bits

@@ -134,7 +134,7 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="CPU: linear layers on the package's matmul kernels where they run (float32 "
-        "on AVX2; bf16 steps of a few tokens on AVX-512 with bf16) (--no-cpu-matmul-kernel: "
+        "on AVX2; bf16 steps of up to 64 tokens on AVX-512 with bf16) (--no-cpu-matmul-kernel: "
         "torch's F.linear and oneDNN, to compare)",
     )
     p.add_argument(
