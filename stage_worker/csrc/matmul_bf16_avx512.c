@@ -22,8 +22,9 @@
  *
  * With many tokens the arithmetic, not the stream, is the limit, and the loads are:
  * panel_tokens issues a broadcast for every vdpbf16ps. matmul_grouped takes GROUP panels
- * against ROWS tokens at once instead (group_tokens), about as fast as oneDNN there: 1.03x-1.1x
- * its speed at 128 to 512 tokens on the Zen 5 EPYC, where panel_tokens alone fell to 0.8x
+ * against ROWS tokens at once instead (group_tokens), about as fast as oneDNN there: 1.04x-1.07x
+ * its speed at 128 to 512 tokens on the demo model's layers on the Zen 5 EPYC (0.93x-1.01x on a
+ * Mistral-7B layer's), where panel_tokens alone fell to 0.77x (0.35x)
  * (BENCHMARKS "The bf16 kernel at every step size"). So a CPU where it wins at every size may
  * hold each bf16 weight once, as panels (matmul_bf16_dispatch.py).
  *
@@ -52,7 +53,7 @@ SARATHI_AVX512_BEGIN
  * EPYC, one weight of each k against oneDNN (BENCHMARKS "The bf16 kernel at every step size"):
  * panel_tokens leads up to 48 tokens at k = 576 and up to 24 at 1536, but from 16 tokens at k
  * = 4096 and 14336 (a 7B model's) it falls to 0.9x and, from 24, 0.4x-0.5x oneDNN, its token
- * rows too many streams beside the panel's; matmul_grouped holds 1.0x-1.2x there. At 8 tokens
+ * rows too many streams beside the panel's; matmul_grouped holds 0.94x-1.2x there. At 8 tokens
  * panel_tokens leads at every k. */
 #define GROUPED_MIN_TOKENS 16
 #define K_BLOCK 1024 /* input pairs a pass of matmul_grouped takes: a group's panels, 256 KiB,

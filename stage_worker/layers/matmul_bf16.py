@@ -7,7 +7,7 @@ oneDNN's packed bf16 matmul, which the layers run otherwise, reads a decode step
 arithmetic limits it (8.4 ms for the demo model's layers at 12 tokens against 6.7 at one). The
 kernel streams its own panels, asking for each line 8 KiB ahead: 1.3x-1.5x oneDNN's speed at
 one token, 1.5x-2x at 8 to 16 (BENCHMARKS "A bf16 matmul for decode steps"); on steps of many
-tokens it takes four panels against six tokens at once, which holds 1.0x-1.1x oneDNN's speed
+tokens it takes four panels against six tokens at once, which holds 0.93x-1.1x oneDNN's speed
 up to 512 tokens, at the demo model's widths and a 7B model's alike (BENCHMARKS "The bf16
 kernel at every step size"). Until a worker has measured its CPU,
 steps of more than MAX_TOKENS run oneDNN; after, up to the reach it measured (REACH,
