@@ -34,6 +34,7 @@ from controller.scheduler.step_cost import attended
 from controller.simulator.step_cost_fit import nonnegative_fit
 from sarathictl.bench.random_model import shape_config, write_random_llama
 from sarathictl.bench.stage_step_cmd import DECODE_BATCHES, PREFILL_CHUNKS
+from stage_worker import bf16_layouts
 from stage_worker.attention import SeqSlice, cpu_kernel, make_backend
 from stage_worker.attention.base import AttentionBackend, build_metadata
 from stage_worker.checkpoint import CheckpointReader
@@ -218,16 +219,20 @@ def split_ms(bench: StageBench, step: Callable[[], object], repeats: int) -> tup
 def load_model(args: argparse.Namespace, dtype: torch.dtype) -> tuple[StageModel, str]:
     """The model to time and its name: random weights drawn on the device (--random-shape
     alone), or a checkpoint (--model; with --random-shape written there first if missing)."""
+    shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
     if args.model is None:
         spec = spec_from_config(shape_config(args.random_shape))
+        # the bf16 weights' layouts as a worker would choose them (CPU bf16; else nothing)
+        bf16_layouts.choose(spec, shard, TPGroup(), args.device, dtype, 0, 1)
         return random_stage(spec, args.device, dtype), f"random {args.random_shape}"
     model_dir = Path(args.model)
     if args.random_shape and not (model_dir / "config.json").exists():
         logger.info("writing a random %s checkpoint to %s", args.random_shape, model_dir)
         write_random_llama(model_dir, args.random_shape, dtype)
+    spec = load_spec(model_dir)
+    bf16_layouts.choose(spec, shard, TPGroup(), args.device, dtype, 0, 1)
     reader = CheckpointReader(model_dir)
-    shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
-    model = build_stage(load_spec(model_dir), shard, TPGroup(), args.device, dtype, reader)
+    model = build_stage(spec, shard, TPGroup(), args.device, dtype, reader)
     reader.close()
     return model, model_dir.name
 
