@@ -14,6 +14,7 @@ import torch
 
 from stage_worker import native
 from stage_worker.layers import cpu_matmul, fused, gemv, matmul_bf16
+from stage_worker.layers.linear import ShardedLinear
 from stage_worker.models import llama_cpu_loop
 from stage_worker.models.llama import LlamaStage
 from stage_worker.models.llama_cpu_loop import CpuLayerLoop
@@ -55,18 +56,34 @@ BF16_MARKS = pytest.mark.skipif(
 )
 
 
+DEFAULT_REACH = matmul_bf16.MAX_TOKENS
+
+
 @pytest.mark.parametrize(
-    ("dtype", "silu_in_matmul", "budget", "matmul_kernel"),
+    ("dtype", "silu_in_matmul", "budget", "matmul_kernel", "reach"),
     [
-        pytest.param(torch.float32, True, 32, True, id="float32-silu-in-matmul"),
-        pytest.param(torch.float32, False, 32, True, id="float32-silu-pass"),
-        pytest.param(torch.bfloat16, False, 32, True, id="bfloat16", marks=BF16_MARKS),
+        pytest.param(torch.float32, True, 32, True, DEFAULT_REACH, id="float32-silu-in-matmul"),
+        pytest.param(torch.float32, False, 32, True, DEFAULT_REACH, id="float32-silu-pass"),
+        pytest.param(
+            torch.bfloat16, False, 32, True, DEFAULT_REACH, id="bfloat16", marks=BF16_MARKS
+        ),
         # steps past matmul_bf16.REACH: their matmuls on oneDNN, the decodes' on the kernel
-        pytest.param(torch.bfloat16, False, 128, True, id="bfloat16-budget-128", marks=BF16_MARKS),
+        pytest.param(
+            torch.bfloat16, False, 128, True, DEFAULT_REACH, id="bfloat16-budget-128",
+            marks=BF16_MARKS,
+        ),
+        # a reach measured unbounded: every weight held as panels only, every step the kernel's
+        pytest.param(
+            torch.bfloat16, False, 128, True, matmul_bf16.UNBOUNDED, id="bfloat16-panels-only",
+            marks=BF16_MARKS,
+        ),
         # --no-cpu-matmul-kernel: every bf16 matmul on oneDNN, the loop still taking the steps
-        pytest.param(torch.bfloat16, False, 32, False, id="bfloat16-onednn", marks=BF16_MARKS),
+        pytest.param(
+            torch.bfloat16, False, 32, False, DEFAULT_REACH, id="bfloat16-onednn",
+            marks=BF16_MARKS,
+        ),
     ],
-)
+)  # fmt: skip
 @pytest.mark.parametrize("pp", [1, 2])
 def test_the_loop_takes_every_step_and_matches_the_modules(
     pp: int,
@@ -74,16 +91,19 @@ def test_the_loop_takes_every_step_and_matches_the_modules(
     silu_in_matmul: bool,
     budget: int,
     matmul_kernel: bool,
+    reach: int,
     tiny_checkpoint: Callable[[str], Path],
     loop_calls: list[int],
 ) -> None:
     cpu_matmul.set_enabled(matmul_kernel)  # decides the layers loaded below
+    matmul_bf16.REACH.max_tokens = reach  # as a worker measured it, before loading
     try:
         _the_loop_matches_the_modules(
             pp, dtype, silu_in_matmul, budget, tiny_checkpoint, loop_calls
         )
     finally:
         cpu_matmul.set_enabled(True)
+        matmul_bf16.REACH.max_tokens = DEFAULT_REACH
 
 
 def _the_loop_matches_the_modules(
@@ -112,6 +132,9 @@ def _the_loop_matches_the_modules(
             matmuls.silu_in_matmul = silu_in_matmul  # the pass of its own, as where F is not
         else:
             assert dtype == torch.bfloat16 and not matmuls.silu_in_matmul
+            layers = [m for m in runner.model.modules() if isinstance(m, ShardedLinear)]
+            panels_only = matmul_bf16.REACH.takes_every_step() and cpu_matmul.enabled()
+            assert all(m.panels_only == panels_only for m in layers)
     got = generate(looped, prompts, max_tokens=6, budget_tokens=budget)
     if budget > matmul_bf16.REACH.max_tokens:
         assert max(loop_calls) > matmul_bf16.REACH.max_tokens
