@@ -24,6 +24,7 @@ from sarathictl.argtypes import comma_list, int_at_least
 from sarathictl.bench.stage_step import StageBench
 from sarathictl.commands.up import resolve_model
 
+from stage_worker import bf16_layouts
 from stage_worker.attention import SeqSlice
 from stage_worker.attention.base import build_metadata
 from stage_worker.checkpoint import CheckpointReader
@@ -97,10 +98,13 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
-    reader = CheckpointReader(model_dir)
     shard = ShardSpec(pp=1, tp=1, stage=0, tp_rank=0)
     dtype = getattr(torch, args.dtype)
-    model = build_stage(load_spec(model_dir), shard, TPGroup(), "cpu", dtype, reader)
+    spec = load_spec(model_dir)
+    # bf16: the weights' layouts as a worker chooses them (stage_worker/bf16_layouts.py)
+    bf16_layouts.choose(spec, shard, TPGroup(), "cpu", dtype, 0, 1)
+    reader = CheckpointReader(model_dir)
+    model = build_stage(spec, shard, TPGroup(), "cpu", dtype, reader)
     reader.close()
     if not isinstance(model, LlamaStage) or model.layer_loop is None:
         print(
