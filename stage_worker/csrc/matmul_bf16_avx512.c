@@ -243,7 +243,7 @@ static void matmul_grouped(const uint16_t *x, int64_t m, int64_t ldx, const uint
 #endif
         /* every token's sums for one group between passes; one pass where there is no room */
         float *partial = whole > K_BLOCK
-                             ? malloc((size_t)(m + ROWS) * GROUP * PANEL * sizeof(float))
+                             ? malloc((size_t)m * GROUP * PANEL * sizeof(float))
                              : NULL;
         const int64_t step = partial != NULL ? K_BLOCK : (whole > 0 ? whole : 1);
         const int64_t first = num_panels * id / team, end = num_panels * (id + 1) / team;

@@ -60,6 +60,8 @@ class ShardedLinear(nn.Module):
 
     def __init__(self, out: int, in_: int, device: str, dtype: torch.dtype) -> None:
         super().__init__()
+        self.out_features, self.in_features = out, in_
+        """The weight's [out, in], whatever layout pack() later holds it in."""
         # weight: [out, in_]
         self.weight = nn.Parameter(
             torch.empty(out, in_, device=device, dtype=dtype), requires_grad=False

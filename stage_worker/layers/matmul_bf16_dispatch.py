@@ -78,13 +78,17 @@ class Calibration:
         )
 
 
+def loses(kernel_ms: float, onednn_ms: float) -> bool:
+    """Whether the kernel lost a count: LOSS_MARGIN times slower than oneDNN or more."""
+    return kernel_ms > LOSS_MARGIN * onednn_ms
+
+
 def crossover(counts: Sequence[int], kernel_ms: Sequence[float], onednn_ms: Sequence[float]) -> int:
-    """The largest of `counts` (ascending) up to which the kernel lost at no count (was not
-    LOSS_MARGIN times slower); 0 where it lost at the first, matmul_bf16.UNBOUNDED where it
-    lost at none."""
+    """The largest of `counts` (ascending) up to which the kernel lost at no count; 0 where it
+    lost at the first, matmul_bf16.UNBOUNDED where it lost at none."""
     reach = 0
     for n, kernel, other in zip(counts, kernel_ms, onednn_ms, strict=True):
-        if kernel > LOSS_MARGIN * other:
+        if loses(kernel, other):
             return reach
         reach = n
     return matmul_bf16.UNBOUNDED
@@ -106,20 +110,18 @@ def _shape(pair: tuple[torch.Tensor, matmul_bf16.PackedBf16]) -> tuple[int, int]
 def sweep_weights(pairs: Weights, size: int = SWEEP_BYTES) -> Weights:
     """One of each shape in `pairs` (in order: a 7B model's down projection, the widest input,
     must be timed too), then the others in order until their panels add up to `size` bytes."""
-    taken: Weights = []
-    shapes = set()
-    for pair in pairs:
-        if _shape(pair) not in shapes:
-            shapes.add(_shape(pair))
-            taken.append(pair)
-    total = sum(p.panels.numel() * p.panels.element_size() for _, p in taken)
-    for pair in pairs:
+    first_of: dict[tuple[int, int], int] = {}  # shape -> index of its first pair
+    for i, pair in enumerate(pairs):
+        first_of.setdefault(_shape(pair), i)
+    firsts = set(first_of.values())
+    taken = [pairs[i] for i in first_of.values()]
+    total = sum(packed.panels.nbytes for _, packed in taken)
+    for i, pair in enumerate(pairs):
         if total >= size:
             break
-        if any(pair is t for t in taken):
-            continue
-        taken.append(pair)
-        total += pair[1].panels.numel() * pair[1].panels.element_size()
+        if i not in firsts:
+            taken.append(pair)
+            total += pair[1].panels.nbytes
     return taken
 
 
@@ -127,6 +129,8 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
     """Each count's median sweep time over `pairs` (sweep_weights: one of each shape, then up
     to sweep_bytes(count)) on the kernel and on oneDNN, up to the first loss, and the
     crossover. pairs: non-empty; the inputs are random bf16 rows, [count, in] per weight."""
+    if not pairs or not counts:
+        raise ValueError("nothing to measure: no weights or no token counts")
     widths = {packed.in_features for _, packed in pairs}
     rows = {w: torch.randn(max(counts), w).to(torch.bfloat16) for w in widths}  # [n, in]
     weights: Weights = []
@@ -139,8 +143,6 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
         for weight, packed in weights:
             onednn.linear(rows[packed.in_features][:n], weight)
 
-    if not pairs or not counts:
-        raise ValueError("nothing to measure: no weights or no token counts")
     kernel_ms: list[float] = []
     onednn_ms: list[float] = []
     for n in counts:
@@ -148,7 +150,7 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
         kernel(n)  # warm: first touches, and oneDNN's primitive for this shape
         other(n)
         mine, theirs = _timed_turns((kernel, other), n, rounds)
-        if statistics.median(mine) > LOSS_MARGIN * statistics.median(theirs):
+        if loses(statistics.median(mine), statistics.median(theirs)):
             # A loss ends the reach, so it must be real: measured again, over both sets of
             # rounds (the controller starting beside a worker once cost the kernel 12% at 48
             # tokens here, between wins of 1% to 11% on either side).
@@ -156,7 +158,7 @@ def measure(pairs: Weights, counts: Sequence[int] = COUNTS, rounds: int = ROUNDS
             mine, theirs = mine + more_mine, theirs + more_theirs
         kernel_ms.append(statistics.median(mine))
         onednn_ms.append(statistics.median(theirs))
-        if kernel_ms[-1] > LOSS_MARGIN * onednn_ms[-1]:
+        if loses(kernel_ms[-1], onednn_ms[-1]):
             break  # the reach ends here; the counts past it are not timed
     timed = tuple(counts[: len(kernel_ms)])
     reach = crossover(timed, kernel_ms, onednn_ms)

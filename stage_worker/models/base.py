@@ -174,9 +174,7 @@ class StageModel(nn.Module):
         """[out, in] of every linear layer's weight on this rank, in the stage's order (known
         before load, on the meta device too): what matmul_bf16_dispatch.py times."""
         return [
-            (m.weight.shape[0], m.weight.shape[1])
-            for m in self.modules()
-            if isinstance(m, ShardedLinear)
+            (m.out_features, m.in_features) for m in self.modules() if isinstance(m, ShardedLinear)
         ]
 
 
