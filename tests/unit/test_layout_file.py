@@ -231,7 +231,7 @@ def test_up_runs_the_measured_layout_and_says_so(
     named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
     assert (named.pp, named.dtype) == (won, "float32")
     bf16 = up.cluster_config(up_args(model_dir, path, "--dtype", "bfloat16"), port=0)
-    assert bf16.pp == layout_choice.default_layout("cpu", "bfloat16").pp
+    assert bf16.pp == layout_choice.default_layout("cpu").pp
     # a measurement of its own for a dtype named comes first
     write_measured(path, machine_key(str(model_dir), "float32"), measured(rule_pp))
     named = up.cluster_config(up_args(model_dir, path, "--dtype", "float32"), port=0)
@@ -302,7 +302,7 @@ def test_up_starts_on_the_rule_when_the_file_is_unreadable_and_says_why(
     path.write_text("not json")
     args = up_args(model_dir, path)
     config = up.cluster_config(args, port=0)
-    assert config.pp == layout_choice.default_layout("cpu", "float32").pp
+    assert config.pp == layout_choice.default_layout("cpu").pp
     assert f"the measured layouts passed over: {path}: not JSON" in up.describe_layout(config, args)
 
 

@@ -73,29 +73,40 @@ def test_a_local_cluster_defaults_to_a_cpu_sized_budget(tmp_path: Path) -> None:
     assert LocalClusterConfig(model_dir=str(tmp_path)).budget_tokens == 128
 
 
-@pytest.mark.parametrize("kernels", [True, False], ids=["avx2-kernels", "no-kernels"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "no-kernels"])
 def test_up_says_what_it_chose_and_why(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernels: bool
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kernels: bool, dtype: str
 ) -> None:
+    """Without tune-layout's measurement: one worker on every core wherever the package's
+    kernels load, in either dtype (PP=1 beat PP=2 in float32 on the AVX2 EPYCs and in bf16 on
+    the Zen 5 EPYC), the pipeline elsewhere."""
     (tmp_path / "config.json").write_text("{}")
     parser = argparse.ArgumentParser()
     up.add_cluster_flags(parser)
     up.add_budget_flags(parser)
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
-    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: "float32")
+    monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: dtype)
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
+    assert up.cluster_config(args, port=0).dtype == dtype
     said = up.describe_layout(up.cluster_config(args, port=0), args)
-    assert "float32: this CPU has neither AVX512-BF16 nor AMX" in said
+    why_dtype = {
+        "float32": "float32: this CPU has neither AVX512-BF16 nor AMX",
+        "bfloat16": "bfloat16: this CPU computes bf16 natively",
+    }
+    assert why_dtype[dtype] in said
     assert up.cluster_config(args, port=0).budget_tokens == (64 if kernels else 128)
     # PP=1 alone takes large chunks while nothing decodes; a pipeline overlaps them instead
     assert up.cluster_config(args, port=0).idle_budget_tokens == (512 if kernels else 0)
-    if kernels:  # float32 on the AVX2 kernels: one worker on both cores
+    if kernels:  # the package's kernels: one worker on both cores
         assert "PP=1 x TP=1 on 2 cores" in said
         assert "2 torch thread(s) per worker" in said
         assert "PP=1, one worker on every core" in said and "--pp 2" in said
+        assert "in bf16 on the Zen 5 EPYC" in said
         assert "budget 64: on the AVX2 EPYC 64-token chunks" in said
+        assert "`sarathictl tune-layout` fits a larger one" in said
         assert "idle budget 512: while nothing decodes" in said
         off = parser.parse_args(["--model", str(tmp_path), "--idle-budget", "0"])
         assert up.cluster_config(off, port=0).idle_budget_tokens == 0

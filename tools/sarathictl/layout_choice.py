@@ -60,13 +60,15 @@ IDLE_BUDGET_TOKENS = 512
 
 
 PP1_LAYOUT = AutoLayout(1, 64, (
-    "PP=1, one worker on every core: the float32 AVX2 kernels spread each step over the "
-    "threads, and against PP=2 (a core a stage, budget 32 or 128) it served more at "
-    "saturation with half the TPOT (BENCHMARKS.md, vLLM side by side, session 12); --pp 2 "
-    "runs the pipeline"
+    "PP=1, one worker on every core: the package's kernels spread each step over the "
+    "threads, and against PP=2 (a core a stage) it served more at saturation with a lower "
+    "TPOT on every CPU measured, in float32 on the AVX2 EPYCs (BENCHMARKS.md, vLLM side by "
+    "side, sessions 12 and 19) and in bf16 on the Zen 5 EPYC (1.27x the burst throughput, "
+    "session 30); --pp 2 runs the pipeline"
 ), (
     "budget 64: on the AVX2 EPYC 64-token chunks (150 ms on 2 cores) kept P99 TBT at "
-    "220-260 ms at 0.25 req/s where 128 gave 370-440 (session 12; --budget to choose)"
+    "220-260 ms at 0.25 req/s where 128 gave 370-440 (session 12); on a faster CPU `sarathictl "
+    "tune-layout` fits a larger one (160 on the Zen 5 EPYC in bf16; --budget to choose)"
 ), IDLE_BUDGET_TOKENS, (
     f"idle budget {IDLE_BUDGET_TOKENS}: while nothing decodes, prompts go in chunks of up "
     "to that many tokens, as no one waits between tokens (--idle-budget to choose; 0: off)"
@@ -74,9 +76,8 @@ PP1_LAYOUT = AutoLayout(1, 64, (
 """One stage on every core, with the budgets measured for it."""
 
 PP2_LAYOUT = AutoLayout(2, LOCAL_BUDGET_TOKENS, (
-    "PP=2, a share of the cores a stage: the pipeline this project is built for; PP=1 has "
-    "been measured against it only in float32 on the AVX2 EPYC (--pp 1 to compare; "
-    "`sarathictl tune-layout` measures both here)"
+    "PP=2, a share of the devices a stage: the pipeline this project is built for; PP=1 has "
+    "been measured against it only on CPUs with the package's kernels (--pp 1 to compare)"
 ))  # fmt: skip
 """Two stages sharing the cores out."""
 
@@ -84,11 +85,13 @@ LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
 """The layouts `up` chooses between, by depth; `sarathictl tune-layout` measures each."""
 
 
-def default_layout(device: str, dtype: str) -> AutoLayout:
-    """The layout for this device and dtype by the side-by-side runs' rule."""
+def default_layout(device: str) -> AutoLayout:
+    """The layout for this device by the side-by-side runs' rule: one stage on every core
+    wherever the package's CPU kernels load (it won in both dtypes on each CPU measured), the
+    pipeline elsewhere."""
     from stage_worker import native  # torch: only when a cluster is configured
 
-    if device == "cpu" and dtype == "float32" and native.fused_kernels() is not None:
+    if device == "cpu" and native.fused_kernels() is not None:
         return PP1_LAYOUT
     return PP2_LAYOUT
 
@@ -97,7 +100,8 @@ def auto_dtypes(device: str = "cpu") -> tuple[str, ...]:
     """The dtypes `--dtype auto` may run here, for tune-layout to measure: default_dtype's pick;
     on a CPU that computes bf16 natively, float32 beside it where the AVX2 float32 kernels load.
     They read a bf16 checkpoint's weights as bf16 panels, so which of the two is faster there is
-    the machine's to say, and no one has measured it yet."""
+    the machine's to say (bf16 on the Zen 5 EPYC, 2.05x the burst throughput; the AMX Xeon is
+    not yet measured)."""
     rule = default_dtype(device)
     if device != "cpu" or rule == "float32":
         return (rule,)
@@ -186,9 +190,7 @@ def machine_layout(
     file that cannot be read is passed over, and the reason goes into the layout's `why`, which
     up prints: up still starts."""
     rule_dtype = default_dtype(device) if dtype == "auto" else dtype
-    rule = LayoutChoice(
-        default_layout(device, rule_dtype), rule_dtype, rule_dtype_why(device, rule_dtype)
-    )
+    rule = LayoutChoice(default_layout(device), rule_dtype, rule_dtype_why(device, rule_dtype))
     if device != "cpu" or tp != 1 or not layout_file:
         return rule
     try:
