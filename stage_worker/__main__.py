@@ -20,6 +20,7 @@ from sarathi_proto import stage_pb2
 if TYPE_CHECKING:
     from stage_worker.etcd_registration import EtcdRegistration
 
+from stage_worker.cpu_pinning import parse_cpu_list, pin_process
 from stage_worker.errors import CheckpointError
 from stage_worker.kv_cache import GPU_CACHE_FRACTION
 from stage_worker.worker import (
@@ -140,6 +141,30 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-threads", type=int_at_least(0), default=0, help="torch threads (0: default)"
     )
+    p.add_argument(
+        "--cpus",
+        type=CpuList(),
+        default=(),
+        metavar="LIST",
+        help="run every thread of this worker on these CPUs only, e.g. 0-3,8 (`sarathictl up "
+        "--local` gives each of several CPU workers its own share; default: wherever the OS "
+        "puts them)",
+    )
+
+
+class CpuList:
+    """--cpus' type: parse_cpu_list, its complaint as argparse's."""
+
+    bad_values = ("x", "3-1", "0,0", "1-")
+    """Values refused: tests/unit/test_cli_flags.py feeds them to the flag."""
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        try:
+            return parse_cpu_list(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(
+                f"must be CPU numbers and ranges such as 0-3,8: {err}"
+            ) from None
 
 
 def add_performance_flags(p: argparse.ArgumentParser) -> None:
@@ -264,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     registration = None
     try:
+        if args.cpus:  # first: the threads started from here on inherit it
+            pin_process(args.cpus)
         controller = args.controller
         if args.etcd:
             registration, controller = find_controller(args)

@@ -350,6 +350,24 @@ def test_every_series_the_dashboard_queries_is_exported(exposition: dict[str, Me
     assert missing == [], f"the dashboard queries series the controller does not export: {missing}"
 
 
+def test_each_cpu_worker_runs_on_its_own_core_every_thread_of_it(served: Served) -> None:
+    """PP=2 on a machine of 2 cores or more: worker k on core k alone (its ZeroMQ, keepalive
+    and torch threads too), the controller free to run anywhere."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one core: two workers' shares do not go round, and neither is pinned")
+    workers = [proc for name, proc in served.cluster.procs if name.startswith("stage")]
+    assert len(workers) == 2
+    for rank, proc in enumerate(workers):
+        tasks = Path(f"/proc/{proc.pid}/task")
+        masks = {(task / "status").read_text().split("Cpus_allowed_list:")[1].split()[0]
+                 for task in tasks.iterdir()}  # fmt: skip
+        assert masks == {str(allowed[rank])}, (rank, masks)
+        assert len(list(tasks.iterdir())) > 2  # not the main thread alone
+    controller = next(proc for name, proc in served.cluster.procs if name == "controller")
+    assert os.sched_getaffinity(controller.pid) == set(allowed)
+
+
 def test_each_stage_splits_its_time_into_busy_bubble_and_idle(
     exposition: dict[str, Metric],
 ) -> None:

@@ -24,7 +24,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sarathi_proto import generate_pb2
 
-from sarathictl.local_devices import check_device, count_cuda_gpus, worker_device_args
+from sarathictl.local_devices import (
+    check_device,
+    count_cuda_gpus,
+    cpu_args,
+    worker_cpus,
+    worker_device_args,
+)
 from stage_worker.config import load_spec
 from stage_worker.layer_split import check_split, default_split
 
@@ -103,6 +109,9 @@ class LocalClusterConfig:
     cuda:N."""
     threads_per_worker: int = 1
     """torch threads per worker process (processes share this machine's cores)."""
+    pin_cpus: bool = True
+    """CPU workers, several of them: each pinned to its own threads_per_worker cores
+    (pinned_cpus); False: wherever the OS puts them."""
     kv_cache_bytes: int = 256 << 20
     """KV-cache memory per worker."""
     max_model_len: int = 0
@@ -140,6 +149,14 @@ class LocalClusterConfig:
         check_device(self.device)
         if not self.host:
             raise ValueError("host must not be empty (0.0.0.0: every interface)")
+
+
+def pinned_cpus(cfg: LocalClusterConfig, worker: int) -> list[int]:
+    """The CPUs worker `worker` (stage * tp + tp rank) is pinned to; empty: not pinned."""
+    if cfg.device != "cpu" or not cfg.pin_cpus:
+        return []
+    allowed = os.sched_getaffinity(0)
+    return worker_cpus(allowed, worker, cfg.pp * cfg.tp, cfg.threads_per_worker)
 
 
 def connect_host(host: str) -> str:
@@ -252,6 +269,7 @@ class LocalCluster:
         num_gpus = 0 if cfg.device == "cpu" else count_cuda_gpus()
         return [
             worker_device_args(cfg.device, worker, num_workers, num_gpus)
+            + cpu_args(pinned_cpus(cfg, worker))
             for worker in range(num_workers)
         ]
 

@@ -1,5 +1,8 @@
 """Where a local cluster's workers run: the CPU, or this machine's GPUs shared out among them.
 
+On the CPU, several workers (PP or TP > 1) each get a share of the cores of their own
+(worker_cpus), and pin themselves to it (stage_worker/cpu_pinning.py says why).
+
 A local cluster on GPUs gives worker i (stage * tp + tp_rank) GPU i mod the number of GPUs.
 When a GPU holds more than one worker (PP=2 on one GPU, the usual case on a workstation), the
 activations go over gloo, since NCCL refuses two ranks on one device, and the workers split
@@ -8,7 +11,10 @@ the KV-cache share of the GPU's memory between them.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sarathictl.argtypes import DEVICE_PATTERN
+from stage_worker.cpu_pinning import format_cpu_list
 
 
 def check_device(device: str) -> None:
@@ -45,3 +51,17 @@ def worker_device_args(device: str, worker: int, num_workers: int, num_gpus: int
         share = GPU_CACHE_FRACTION / workers_per_gpu
         args += ["--comm-backend", "gloo", "--gpu-memory-fraction", f"{share:.3f}"]
     return args
+
+
+def worker_cpus(allowed: Collection[int], worker: int, num_workers: int, threads: int) -> list[int]:
+    """The CPUs worker `worker` of `num_workers` is pinned to: the next `threads` of the
+    `allowed` ones, in order. None (the worker floats) where one worker has every core, and
+    where the shares do not go round (more threads asked for than there are cores)."""
+    if num_workers < 2 or threads * num_workers > len(allowed):
+        return []
+    return sorted(allowed)[worker * threads : (worker + 1) * threads]
+
+
+def cpu_args(cpus: Collection[int]) -> list[str]:
+    """The stage_worker flag that pins a worker to `cpus` (none where empty)."""
+    return ["--cpus", format_cpu_list(cpus)] if cpus else []

@@ -23,7 +23,9 @@ from sarathictl.local_cluster import (
     LocalCluster,
     LocalClusterConfig,
     connect_host,
+    pinned_cpus,
 )
+from stage_worker.cpu_pinning import format_cpu_list
 from stage_worker.dtype_names import DTYPE_NAMES
 
 
@@ -45,6 +47,13 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         lines.append(
             f"  {config.threads_per_worker} torch thread(s) per worker: the cores shared out "
             f"among {workers} worker(s) (--threads to choose)"
+        )
+    pinned = [pinned_cpus(config, worker) for worker in range(workers)]
+    if any(pinned):
+        where = ", ".join(f"{format_cpu_list(cpus)}" for cpus in pinned)
+        lines.append(
+            f"  each worker pinned to its own core(s), by rank: {where} (--no-pin-cpus to let "
+            "the OS place them)"
         )
     layout_file = getattr(args, "layout_file", "")
     choice = machine_layout(
@@ -125,6 +134,13 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         help="torch threads per worker process (0: this machine's cores shared out among the "
         "workers, at least 1)",
     )
+    p.add_argument(
+        "--no-pin-cpus",
+        action="store_true",
+        help="CPU workers, several of them: let the OS place them (default: each pinned to "
+        "its own --threads cores: PP=2 on 2 cores served more at saturation with a smaller "
+        "bubble, BENCHMARKS.md, session 31)",
+    )
     p.add_argument("--kv-cache-mb", type=positive, default=256, help="KV cache per worker, MiB")
     p.add_argument(
         "--no-prefix-caching",
@@ -178,6 +194,7 @@ def cluster_config(
         dtype=dtype,
         device=args.device,
         threads_per_worker=args.threads or threads_per_worker(pp * args.tp),
+        pin_cpus=not args.no_pin_cpus,
         kv_cache_bytes=args.kv_cache_mb << 20,
         log_dir=args.log_dir,
         prefix_caching=not args.no_prefix_caching,

@@ -1,0 +1,105 @@
+"""CPU workers of a local cluster, several of them, each pinned to its own share of the cores
+(`--cpus`, stage_worker/cpu_pinning.py), every thread of the worker included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, pinned_cpus
+from sarathictl.local_devices import cpu_args, worker_cpus
+
+from stage_worker.cpu_pinning import format_cpu_list, parse_cpu_list, pin_process
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("0", (0,)), ("0-3,8", (0, 1, 2, 3, 8)), ("5,2", (5, 2)), ("1-2", (1, 2))],
+)
+def test_a_cpu_list_reads_as_linux_writes_it(text: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpu_list(text) == cpus
+    assert parse_cpu_list(format_cpu_list(cpus)) == tuple(sorted(cpus))
+
+
+def test_a_cpu_list_is_written_in_ranges() -> None:
+    assert format_cpu_list([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11"
+    assert parse_cpu_list("") == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("x", "neither a CPU number nor a range"), ("3-1", "runs backwards"), ("0,1,0", "twice")],
+)
+def test_a_bad_cpu_list_says_what_is_wrong(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_cpu_list(text)
+
+
+def test_each_worker_gets_the_next_share_of_the_cores_in_order() -> None:
+    assert [worker_cpus({3, 1, 0, 2}, w, 2, 2) for w in range(2)] == [[0, 1], [2, 3]]
+    assert [worker_cpus({0, 1, 2}, w, 2, 1) for w in range(2)] == [[0], [1]]  # one left over
+
+
+def test_a_worker_alone_or_shares_that_do_not_go_round_are_not_pinned() -> None:
+    assert worker_cpus({0, 1}, 0, 1, 2) == []  # one worker on every core floats
+    assert worker_cpus({0, 1}, 0, 4, 1) == []  # PP=2 x TP=2 on 2 cores: oversubscribed
+    assert worker_cpus({0, 1}, 0, 2, 2) == []  # --threads 2 each on 2 cores
+    assert cpu_args([]) == []
+    assert cpu_args([2, 3]) == ["--cpus", "2-3"]
+
+
+def test_a_local_cluster_pins_cpu_workers_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    cfg = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2)
+    assert [pinned_cpus(cfg, w) for w in range(2)] == [[0, 1], [2, 3]]
+    flags = LocalCluster(cfg)._worker_placements()
+    assert flags == [["--cpus", "0-1"], ["--cpus", "2-3"]]
+    off = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2, pin_cpus=False)
+    assert LocalCluster(off)._worker_placements() == [[], []]
+    gpu = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2, device="cuda:0")
+    assert [pinned_cpus(gpu, w) for w in range(2)] == [[], []]
+
+
+PIN_SCRIPT = """
+import os, sys, threading
+from stage_worker.cpu_pinning import pin_process
+started = threading.Event()
+stop = threading.Event()
+def run():
+    started.set()
+    stop.wait()
+before = threading.Thread(target=run)
+before.start()
+started.wait()
+cpu = min(os.sched_getaffinity(0))
+pin_process((cpu,))
+after = threading.Thread(target=run)
+after.start()
+masks = {sorted(os.sched_getaffinity(int(t)))[0] if len(os.sched_getaffinity(int(t))) == 1
+         else -1 for t in os.listdir("/proc/self/task")}
+stop.set()
+print(cpu, sorted(masks), len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_every_thread_is_pinned_those_started_before_and_after() -> None:
+    """In a process of its own, as a worker: a thread started before pin_process and one after
+    it run on the one CPU given, as the main thread does."""
+    out = subprocess.run(
+        [sys.executable, "-c", PIN_SCRIPT], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    cpu, masks, threads = int(out[0]), out[1], int(out[2])
+    assert threads >= 3
+    assert masks == f"[{cpu}]"
+
+
+def test_a_cpu_this_process_may_not_use_is_refused_naming_the_flag() -> None:
+    outside = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ValueError, match=rf"--cpus {outside}: CPU\(s\) {outside} not among"):
+        pin_process((outside,))
