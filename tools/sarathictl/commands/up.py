@@ -50,7 +50,7 @@ def describe_layout(config: LocalClusterConfig, args: argparse.Namespace) -> str
         )
     pinned = [pinned_cpus(config, worker) for worker in range(workers)]
     if any(pinned):
-        where = ", ".join(f"{format_cpu_list(cpus)}" for cpus in pinned)
+        where = ", ".join(format_cpu_list(cpus) for cpus in pinned)
         lines.append(
             f"  each worker pinned to its own core(s), by rank: {where} (--no-pin-cpus to let "
             "the OS place them)"
