@@ -52,7 +52,10 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
 
 def pin_process(cpus: tuple[int, ...]) -> None:
     """Every thread of this process, and those it starts later, on `cpus` only. Raises
-    ValueError, naming --cpus, where a CPU is not this process's to use."""
+    ValueError, naming --cpus, where a CPU is not this process's to use or the platform cannot
+    pin threads (not Linux)."""
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+        raise ValueError(f"--cpus {format_cpu_list(cpus)}: this platform cannot pin threads")
     allowed = os.sched_getaffinity(0)
     outside = sorted(set(cpus) - allowed)
     if outside:

@@ -29,10 +29,11 @@ from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from sarathi_proto import generate_pb2, generate_pb2_grpc
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, free_port
+from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, free_port, pinned_cpus
 
 from controller.metrics import INFERENCE_GATEWAY_METRICS
 from controller.tokenizer import Tokenizer
+from stage_worker.cpu_pinning import format_cpu_list
 from tests.integration.cluster_factories import make_tiny_served_model
 
 pytestmark = pytest.mark.integration
@@ -358,12 +359,16 @@ def test_each_cpu_worker_runs_on_its_own_core_every_thread_of_it(served: Served)
         pytest.skip("one core: two workers' shares do not go round, and neither is pinned")
     workers = [proc for name, proc in served.cluster.procs if name.startswith("stage")]
     assert len(workers) == 2
+    shares = [pinned_cpus(served.cluster.config, rank) for rank in range(2)]
+    assert shares[0] and not set(shares[0]) & set(shares[1])  # each its own, none shared
     for rank, proc in enumerate(workers):
-        tasks = Path(f"/proc/{proc.pid}/task")
-        masks = {(task / "status").read_text().split("Cpus_allowed_list:")[1].split()[0]
-                 for task in tasks.iterdir()}  # fmt: skip
-        assert masks == {str(allowed[rank])}, (rank, masks)
-        assert len(list(tasks.iterdir())) > 2  # not the main thread alone
+        masks = set()
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                status = (task / "status").read_text()
+                masks.add(status.split("Cpus_allowed_list:")[1].split()[0])
+        assert masks == {format_cpu_list(shares[rank])}, (rank, masks)
+        assert len(list(Path(f"/proc/{proc.pid}/task").iterdir())) > 2  # not the main alone
     controller = next(proc for name, proc in served.cluster.procs if name == "controller")
     assert os.sched_getaffinity(controller.pid) == set(allowed)
 

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sarathictl import local_devices
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, pinned_cpus
-from sarathictl.local_devices import cpu_args, worker_cpus
+from sarathictl.local_devices import cpu_args, physical_core_order, worker_cpus
 
 from stage_worker.cpu_pinning import format_cpu_list, parse_cpu_list, pin_process
 
@@ -38,9 +39,32 @@ def test_a_bad_cpu_list_says_what_is_wrong(text: str, why: str) -> None:
         parse_cpu_list(text)
 
 
-def test_each_worker_gets_the_next_share_of_the_cores_in_order() -> None:
+def test_each_worker_gets_the_next_share_of_the_cores_in_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(local_devices, "SYSFS_CPUS", tmp_path / "absent")  # no topology known
     assert [worker_cpus({3, 1, 0, 2}, w, 2, 2) for w in range(2)] == [[0, 1], [2, 3]]
     assert [worker_cpus({0, 1, 2}, w, 2, 1) for w in range(2)] == [[0], [1]]  # one left over
+
+
+def _fake_topology(root: Path, cores: dict[int, int]) -> Path:
+    """A sysfs cpu folder where logical CPU -> physical core id, one package."""
+    for cpu, core in cores.items():
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_a_share_takes_whole_physical_cores_never_anothers_siblings(tmp_path: Path) -> None:
+    # 4 cores of 2 threads, numbered as Linux does: 0-3 the first threads, 4-7 their siblings.
+    sysfs = _fake_topology(tmp_path, {cpu: cpu % 4 for cpu in range(8)})
+    assert physical_core_order(range(8), sysfs) == [0, 4, 1, 5, 2, 6, 3, 7]
+    shares = [worker_cpus(set(range(8)), w, 2, 4, sysfs) for w in range(2)]
+    assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]  # stage 0 on cores 0-1, stage 1 on 2-3
+    # where sysfs says nothing, the numbers' order
+    assert physical_core_order({2, 0, 1}, tmp_path / "absent") == [0, 1, 2]
 
 
 def test_a_worker_alone_or_shares_that_do_not_go_round_are_not_pinned() -> None:
@@ -55,6 +79,7 @@ def test_a_local_cluster_pins_cpu_workers_unless_told_not_to(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(local_devices, "SYSFS_CPUS", tmp_path / "absent")
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     cfg = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2)
     assert [pinned_cpus(cfg, w) for w in range(2)] == [[0, 1], [2, 3]]
@@ -77,7 +102,7 @@ def run():
 before = threading.Thread(target=run)
 before.start()
 started.wait()
-cpu = min(os.sched_getaffinity(0))
+cpu = max(os.sched_getaffinity(0))
 pin_process((cpu,))
 after = threading.Thread(target=run)
 after.start()
@@ -88,6 +113,7 @@ print(cpu, "|".join(sorted(masks)), len(tasks))
 """
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: every mask is it already")
 def test_every_thread_is_pinned_those_started_before_and_after() -> None:
     """In a process of its own, as a worker: a thread started before pin_process and one after
     it run on the one CPU given, as the main thread does."""
@@ -103,3 +129,11 @@ def test_a_cpu_this_process_may_not_use_is_refused_naming_the_flag() -> None:
     outside = max(os.sched_getaffinity(0)) + 1
     with pytest.raises(ValueError, match=rf"--cpus {outside}: CPU\(s\) {outside} not among"):
         pin_process((outside,))
+
+
+def test_a_platform_that_cannot_pin_threads_is_refused_naming_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(os, "sched_setaffinity")
+    with pytest.raises(ValueError, match=r"--cpus 0: this platform cannot pin threads"):
+        pin_process((0,))

@@ -12,6 +12,7 @@ the KV-cache share of the GPU's memory between them.
 from __future__ import annotations
 
 from collections.abc import Collection
+from pathlib import Path
 
 from sarathictl.argtypes import DEVICE_PATTERN
 from stage_worker.cpu_pinning import format_cpu_list
@@ -53,13 +54,43 @@ def worker_device_args(device: str, worker: int, num_workers: int, num_gpus: int
     return args
 
 
-def worker_cpus(allowed: Collection[int], worker: int, num_workers: int, threads: int) -> list[int]:
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+
+
+def physical_core_order(allowed: Collection[int], sysfs: Path | None = None) -> list[int]:
+    """`allowed` with the logical CPUs of one physical core next to each other, cores in order
+    (package, then core id, as sysfs's topology says). Linux numbers a core's first hardware
+    thread before its siblings (on 8 cores of 2 threads, 0-7 then 8-15), so consecutive
+    numbers are different cores; a share of consecutive numbers would give two stages the two
+    threads of the same cores. Where sysfs says nothing (not Linux), the numbers' order."""
+    root = SYSFS_CPUS if sysfs is None else sysfs
+
+    def core_of(cpu: int) -> tuple[int, int]:
+        topology = root / f"cpu{cpu}" / "topology"
+        try:
+            package = int((topology / "physical_package_id").read_text())
+            return package, int((topology / "core_id").read_text())
+        except (OSError, ValueError):
+            return -1, cpu  # unknown: a core of its own, in number order
+
+    return sorted(allowed, key=lambda cpu: (*core_of(cpu), cpu))
+
+
+def worker_cpus(
+    allowed: Collection[int],
+    worker: int,
+    num_workers: int,
+    threads: int,
+    sysfs: Path | None = None,
+) -> list[int]:
     """The CPUs worker `worker` of `num_workers` is pinned to: the next `threads` of the
-    `allowed` ones, in order. None (the worker floats) where one worker has every core, and
-    where the shares do not go round (more threads asked for than there are cores)."""
+    `allowed` ones, a physical core's threads together (physical_core_order). None (the worker
+    floats) where one worker has every core, and where the shares do not go round (more threads
+    asked for than there are CPUs)."""
     if num_workers < 2 or threads * num_workers > len(allowed):
         return []
-    return sorted(allowed)[worker * threads : (worker + 1) * threads]
+    share = physical_core_order(allowed, sysfs)[worker * threads : (worker + 1) * threads]
+    return sorted(share)
 
 
 def cpu_args(cpus: Collection[int]) -> list[str]:
