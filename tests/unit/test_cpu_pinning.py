@@ -87,6 +87,12 @@ def test_a_local_cluster_pins_cpu_workers_unless_told_not_to(
     assert flags == [["--cpus", "0-1"], ["--cpus", "2-3"]]
     off = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2, pin_cpus=False)
     assert LocalCluster(off)._worker_placements() == [[], []]
+    second = LocalClusterConfig(
+        model_dir=str(tmp_path), pp=2, threads_per_worker=1, cpu_share=(1, 2)
+    )  # the second of two clusters side by side: the other half of the cores
+    assert [pinned_cpus(second, w) for w in range(2)] == [[2], [3]]
+    with pytest.raises(ValueError, match="cpu_share"):
+        LocalClusterConfig(model_dir=str(tmp_path), pp=2, cpu_share=(2, 2))
     gpu = LocalClusterConfig(model_dir=str(tmp_path), pp=2, threads_per_worker=2, device="cuda:0")
     assert [pinned_cpus(gpu, w) for w in range(2)] == [[], []]
 

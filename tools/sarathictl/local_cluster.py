@@ -112,6 +112,10 @@ class LocalClusterConfig:
     pin_cpus: bool = True
     """CPU workers, several of them: each pinned to its own threads_per_worker cores
     (pinned_cpus); False: wherever the OS puts them."""
+    cpu_share: tuple[int, int] = (0, 1)
+    """(k, n): this cluster is the k-th of n started side by side on this machine (`bench
+    prefix-routing --pipelines n`), so its workers take the k-th n-th of the cores rather than
+    the first ones, which every cluster would otherwise pin to."""
     kv_cache_bytes: int = 256 << 20
     """KV-cache memory per worker."""
     max_model_len: int = 0
@@ -149,6 +153,9 @@ class LocalClusterConfig:
         check_device(self.device)
         if not self.host:
             raise ValueError("host must not be empty (0.0.0.0: every interface)")
+        index, clusters = self.cpu_share
+        if clusters < 1 or not 0 <= index < clusters:
+            raise ValueError(f"cpu_share={self.cpu_share}: expected (k, n) with 0 <= k < n")
 
 
 def pinned_cpus(cfg: LocalClusterConfig, worker: int) -> list[int]:
@@ -156,7 +163,11 @@ def pinned_cpus(cfg: LocalClusterConfig, worker: int) -> list[int]:
     if cfg.device != "cpu" or not cfg.pin_cpus:
         return []
     allowed = os.sched_getaffinity(0)
-    return worker_cpus(allowed, worker, cfg.pp * cfg.tp, cfg.threads_per_worker)
+    index, clusters = cfg.cpu_share
+    workers = cfg.pp * cfg.tp
+    return worker_cpus(
+        allowed, index * workers + worker, clusters * workers, cfg.threads_per_worker
+    )
 
 
 def connect_host(host: str) -> str:

@@ -16,6 +16,7 @@ and the time to first token the users saw.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -184,6 +185,7 @@ def start_pipelines(stack: ExitStack, args: argparse.Namespace) -> list[LocalClu
     for p in range(args.pipelines):
         log_dir = str(Path(args.log_dir) / f"pipeline{p}") if args.log_dir else ""
         config = cluster_config(argparse.Namespace(**{**vars(args), "log_dir": log_dir}), 0, 0)
+        config = dataclasses.replace(config, cpu_share=(p, args.pipelines))  # cores of its own
         cluster = stack.enter_context(LocalCluster(config))
         say(f"pipeline {p}: PP={args.pp} TP={args.tp}, {args.threads} thread(s) a worker, at "
             f"http://127.0.0.1:{cluster.http_port} (logs {cluster.log_dir})")  # fmt: skip
