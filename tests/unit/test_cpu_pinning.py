@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sarathictl import local_devices
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig, pinned_cpus
-from sarathictl.local_devices import cpu_args, physical_core_order, worker_cpus
+from sarathictl.local_devices import cpu_args, physical_cores, worker_cpus
 
 from stage_worker.cpu_pinning import format_cpu_list, parse_cpu_list, pin_process
 
@@ -60,11 +60,14 @@ def _fake_topology(root: Path, cores: dict[int, int]) -> Path:
 def test_a_share_takes_whole_physical_cores_never_anothers_siblings(tmp_path: Path) -> None:
     # 4 cores of 2 threads, numbered as Linux does: 0-3 the first threads, 4-7 their siblings.
     sysfs = _fake_topology(tmp_path, {cpu: cpu % 4 for cpu in range(8)})
-    assert physical_core_order(range(8), sysfs) == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert physical_cores(range(8), sysfs) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     shares = [worker_cpus(set(range(8)), w, 2, 4, sysfs) for w in range(2)]
     assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]  # stage 0 on cores 0-1, stage 1 on 2-3
-    # where sysfs says nothing, the numbers' order
-    assert physical_core_order({2, 0, 1}, tmp_path / "absent") == [0, 1, 2]
+    # threads that fit on cores of their own take one thread a core, never a sibling
+    assert [worker_cpus(set(range(8)), w, 2, 1, sysfs) for w in range(2)] == [[0], [1]]
+    assert [worker_cpus(set(range(8)), w, 2, 2, sysfs) for w in range(2)] == [[0, 1], [2, 3]]
+    # where sysfs says nothing, each CPU a core of its own
+    assert physical_cores({2, 0, 1}, tmp_path / "absent") == [[0], [1], [2]]
 
 
 def test_a_worker_alone_or_shares_that_do_not_go_round_are_not_pinned() -> None:

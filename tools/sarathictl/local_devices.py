@@ -57,12 +57,11 @@ def worker_device_args(device: str, worker: int, num_workers: int, num_gpus: int
 SYSFS_CPUS = Path("/sys/devices/system/cpu")
 
 
-def physical_core_order(allowed: Collection[int], sysfs: Path | None = None) -> list[int]:
-    """`allowed` with the logical CPUs of one physical core next to each other, cores in order
-    (package, then core id, as sysfs's topology says). Linux numbers a core's first hardware
-    thread before its siblings (on 8 cores of 2 threads, 0-7 then 8-15), so consecutive
-    numbers are different cores; a share of consecutive numbers would give two stages the two
-    threads of the same cores. Where sysfs says nothing (not Linux), the numbers' order."""
+def physical_cores(allowed: Collection[int], sysfs: Path | None = None) -> list[list[int]]:
+    """`allowed` grouped by physical core (the hardware threads of one core together), cores in
+    order of package and core id as sysfs's topology says. Linux numbers a core's first thread
+    before the siblings (8 cores of 2 threads: 0-7, then 8-15), so consecutive numbers are not
+    one core's threads. Where sysfs says nothing (not Linux), each CPU is a core of its own."""
     root = SYSFS_CPUS if sysfs is None else sysfs
 
     def core_of(cpu: int) -> tuple[int, int]:
@@ -73,7 +72,10 @@ def physical_core_order(allowed: Collection[int], sysfs: Path | None = None) -> 
         except (OSError, ValueError):
             return -1, cpu  # unknown: a core of its own, in number order
 
-    return sorted(allowed, key=lambda cpu: (*core_of(cpu), cpu))
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu in sorted(allowed):
+        cores.setdefault(core_of(cpu), []).append(cpu)
+    return [cores[key] for key in sorted(cores)]
 
 
 def worker_cpus(
@@ -84,13 +86,18 @@ def worker_cpus(
     sysfs: Path | None = None,
 ) -> list[int]:
     """The CPUs worker `worker` of `num_workers` is pinned to: the next `threads` of the
-    `allowed` ones, a physical core's threads together (physical_core_order). None (the worker
-    floats) where one worker has every core, and where the shares do not go round (more threads
-    asked for than there are CPUs)."""
+    `allowed` ones, never a hardware thread of another worker's core. Where every worker's
+    threads fit on cores of their own, one thread a core (a core's siblings share its units);
+    else whole cores, siblings together. None (the worker floats) where one worker has every
+    core, and where the shares do not go round (more threads asked for than there are CPUs)."""
     if num_workers < 2 or threads * num_workers > len(allowed):
         return []
-    share = physical_core_order(allowed, sysfs)[worker * threads : (worker + 1) * threads]
-    return sorted(share)
+    cores = physical_cores(allowed, sysfs)
+    if threads * num_workers <= len(cores):
+        order = [core[0] for core in cores]
+    else:
+        order = [cpu for core in cores for cpu in core]
+    return sorted(order[worker * threads : (worker + 1) * threads])
 
 
 def cpu_args(cpus: Collection[int]) -> list[str]:
