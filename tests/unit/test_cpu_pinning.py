@@ -57,15 +57,18 @@ def _fake_topology(root: Path, cores: dict[int, int]) -> Path:
     return root
 
 
-def test_a_share_takes_whole_physical_cores_never_anothers_siblings(tmp_path: Path) -> None:
+def test_a_share_takes_whole_physical_cores_never_anothers_siblings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # 4 cores of 2 threads, numbered as Linux does: 0-3 the first threads, 4-7 their siblings.
     sysfs = _fake_topology(tmp_path, {cpu: cpu % 4 for cpu in range(8)})
+    monkeypatch.setattr(local_devices, "SYSFS_CPUS", sysfs)
     assert physical_cores(range(8), sysfs) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    shares = [worker_cpus(set(range(8)), w, 2, 4, sysfs) for w in range(2)]
+    shares = [worker_cpus(set(range(8)), w, 2, 4) for w in range(2)]
     assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]  # stage 0 on cores 0-1, stage 1 on 2-3
     # threads that fit on cores of their own take one thread a core, never a sibling
-    assert [worker_cpus(set(range(8)), w, 2, 1, sysfs) for w in range(2)] == [[0], [1]]
-    assert [worker_cpus(set(range(8)), w, 2, 2, sysfs) for w in range(2)] == [[0, 1], [2, 3]]
+    assert [worker_cpus(set(range(8)), w, 2, 1) for w in range(2)] == [[0], [1]]
+    assert [worker_cpus(set(range(8)), w, 2, 2) for w in range(2)] == [[0, 1], [2, 3]]
     # where sysfs says nothing, each CPU a core of its own
     assert physical_cores({2, 0, 1}, tmp_path / "absent") == [[0], [1], [2]]
 

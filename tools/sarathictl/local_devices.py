@@ -78,21 +78,16 @@ def physical_cores(allowed: Collection[int], sysfs: Path | None = None) -> list[
     return [cores[key] for key in sorted(cores)]
 
 
-def worker_cpus(
-    allowed: Collection[int],
-    worker: int,
-    num_workers: int,
-    threads: int,
-    sysfs: Path | None = None,
-) -> list[int]:
+def worker_cpus(allowed: Collection[int], worker: int, num_workers: int, threads: int) -> list[int]:
     """The CPUs worker `worker` of `num_workers` is pinned to: the next `threads` of the
-    `allowed` ones, never a hardware thread of another worker's core. Where every worker's
-    threads fit on cores of their own, one thread a core (a core's siblings share its units);
-    else whole cores, siblings together. None (the worker floats) where one worker has every
-    core, and where the shares do not go round (more threads asked for than there are CPUs)."""
+    `allowed` ones. Where every worker's threads fit on cores of their own, one thread a core
+    (a core's siblings share its units); else whole cores, siblings together (a share that is
+    not a whole number of cores shares its last core with the next worker). None (the worker
+    floats) where one worker has every core, and where the shares do not go round (more threads
+    asked for than there are CPUs)."""
     if num_workers < 2 or threads * num_workers > len(allowed):
         return []
-    cores = physical_cores(allowed, sysfs)
+    cores = physical_cores(allowed)
     if threads * num_workers <= len(cores):
         order = [core[0] for core in cores]
     else:
