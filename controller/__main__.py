@@ -302,6 +302,7 @@ def scheduler_config(args: argparse.Namespace, max_model_len: int) -> SchedulerC
         max_model_len=max_model_len,
         pipeline_depth=args.pp,
         pipeline_prefill_chunks=not args.no_chunk_pipelining,
+        spread_prompts=args.spread_prompts,
         time_budget_s=time_budget_s,
         step_cost=step_cost if time_budget_s else None,
         tbt_slo_s=args.tbt_slo,

@@ -1,4 +1,5 @@
-"""The controller's time-budget and SLO-mode flags; `sarathictl up` takes them too, passed on."""
+"""The controller's flags on what goes into a micro-batch (the idle and time budgets, SLO mode,
+prompts spread over the pipeline); `sarathictl up` takes them too, passed on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from controller.flag_types import float_in, int_at_least
 
 
 def add_budget_flags(p: argparse.ArgumentParser) -> None:
-    """The time budget and SLO mode (`sarathictl up` takes the same flags and passes them on)."""
+    """The time budget, SLO mode and the spread of prompts (`sarathictl up` takes the same
+    flags and passes them on)."""
     p.add_argument(
         "--step-cost",
         default="",
@@ -37,4 +39,11 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
         help="SLO mode: choose --budget, --max-num-seqs and the time budget so that the "
         "predicted P99 time between tokens stays under this many seconds (needs --step-cost; "
         "0: off)",
+    )
+    p.add_argument(
+        "--spread-prompts",
+        action="store_true",
+        help="PP > 1: share prompt tokens too few to fill every micro-batch in flight out over "
+        "them, rather than filling one and sending the next with decodes alone (off: measured "
+        "no better live, BENCHMARKS.md, issue 30 session 33)",
     )

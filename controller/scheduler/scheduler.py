@@ -50,21 +50,17 @@ class Scheduler:
         cache: CacheConfig,
         vector_decodes_from: int = VECTOR_DECODES_FROM,
         spread_decodes: bool = True,
-        spread_prompts: bool = False,
     ) -> None:
         """vector_decodes_from: a speed knob only, the micro-batches are the same either way
         (tests set it to exercise both paths). spread_decodes: with PP > 1, spread the decoding
         sequences over the micro-batches in flight (BatchBuilder.add_decodes); off, every ready
         decode goes into the next micro-batch, as before (a reference for tests and
-        measurements; with PP = 1 the two are the same). spread_prompts: with PP > 1 and chunks
-        pipelined, prompt tokens too few to fill PP micro-batches are shared out over the next
-        PP micro-batches (BatchBuilder.prompt_cap) instead of filling one and leaving the next
-        with decodes alone, which idles a stage for the difference (BENCHMARKS.md, issue 15)."""
+        measurements; with PP = 1 the two are the same)."""
         self.config = config
         self.vector_decodes_from = vector_decodes_from
         self.spread_decodes = spread_decodes and config.pipeline_depth > 1
         self.spread_prompts = (
-            spread_prompts and config.pipeline_depth > 1 and config.pipeline_prefill_chunks
+            config.spread_prompts and config.pipeline_depth > 1 and config.pipeline_prefill_chunks
         )
         self.cache = cache
         self.policy = make_policy(config.policy)

@@ -28,7 +28,6 @@ def create_scheduler(
     watermark: float = 0.0,
     vector_decodes_from: int = VECTOR_DECODES_FROM,
     spread_decodes: bool = True,
-    spread_prompts: bool = False,
     prefix_caching: bool = True,
     **overrides: object,
 ) -> Scheduler:
@@ -54,7 +53,6 @@ def create_scheduler(
         ),
         vector_decodes_from,
         spread_decodes,
-        spread_prompts,
     )
 
 

@@ -113,7 +113,6 @@ class PreparedSim:
             self.scheduler_config,
             self.cache_config,
             spread_decodes=self.setup.spread_decodes,
-            spread_prompts=self.setup.spread_prompts,
         )
         kv = KvPeak(self.cost_model, scheduler)
         pipeline = SimulatedPipeline(kv, record_intervals=record_intervals)
@@ -181,6 +180,7 @@ def prepare(setup: SimSetup) -> PreparedSim:
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         pipeline_depth=setup.pp,
+        spread_prompts=setup.spread_prompts,
         time_budget_s=time_budget_s,
         step_cost=step_cost,
     )
