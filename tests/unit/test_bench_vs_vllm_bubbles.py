@@ -15,13 +15,21 @@ from pathlib import Path
 
 import pytest
 
+from controller.executor.simulated import steady_window
 from controller.scheduler import MicroBatch
 from controller.step_log import StepLog
 from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))  # bench_vs_vllm is a folder there, not installed
 
-from bench_vs_vllm.bubbles import busy_in, request_spans, run_bubbles, stage_steps
+from bench_vs_vllm.bubbles import (
+    busy_in,
+    lone_fraction,
+    lone_spans,
+    request_spans,
+    run_bubbles,
+    stage_steps,
+)
 from bench_vs_vllm.results import Row, bubble_table, load_row, stages_path
 from bench_vs_vllm.servers import STAGE_HOOK, STEP_LOG, sarathi_spec, vllm_spec
 
@@ -50,6 +58,35 @@ def test_the_steady_state_leaves_out_the_ramp_and_the_drain() -> None:
     assert measured.steady_bubble_fraction == pytest.approx(0.0)
     at_once = [(0.001 * i, 5.0) for i in range(11)]  # rate inf: every request at the start
     assert math.isnan(run_bubbles([[(5.0, 5.0)]], at_once).steady_bubble_fraction)
+
+
+def test_the_stretches_with_one_request_alone() -> None:
+    # one request over [0, 10], a second over [2, 4], a third from 10 (as the first ends) to 12
+    spans = [(0.0, 10.0), (2.0, 4.0), (10.0, 12.0)]
+    assert lone_spans(spans, 0.0, 12.0) == [(0.0, 2.0), (4.0, 10.0), (10.0, 12.0)]
+    assert lone_spans(spans, 1.0, 11.0) == [(1.0, 2.0), (4.0, 10.0), (10.0, 11.0)]
+    assert lone_spans([(0.0, 5.0), (0.0, 5.0)], 0.0, 5.0) == []  # never alone
+
+
+def test_the_bubble_with_a_request_alone_is_told_apart() -> None:
+    """Two stages, 21 requests a second apart: the first 11 are alone for 1 s each (a pipeline
+    can hold one micro-batch then, so one stage waits while the other runs it), the next 10
+    overlap in pairs. The lone part is the idle time while one request was alone."""
+    alone = [(float(t), float(t) + 1.0) for t in range(11)]
+    paired = [(11.0 + 2 * k, 13.0 + 2 * k) for k in range(5)] * 2  # two at once, back to back
+    spans = alone + paired  # the system is never empty in [0, 21]
+    # a request alone: each stage busy half of every second; two at once: both busy throughout
+    stage0 = [(t + 0.5, 0.5) for t in range(11)] + [(21.0, 10.0)]
+    stage1 = [(t + 1.0, 0.5) for t in range(11)] + [(21.0, 10.0)]
+    measured = run_bubbles([stage0, stage1], spans)
+    whole = lone_fraction([stage0, stage1], spans, 0.0, 21.0)
+    assert whole == pytest.approx(5.5 / 21)  # 11 s alone, half of it idle, over 21 s of work
+    assert measured.bubble_fraction == pytest.approx(whole)  # every bubble here is a lone one
+    steady = steady_window(sorted(start for start, _ in spans))
+    assert measured.steady_lone_fraction == pytest.approx(
+        lone_fraction([stage0, stage1], spans, *steady)
+    )
+    assert measured.steady_lone_fraction == pytest.approx(measured.steady_bubble_fraction)
 
 
 def test_a_detailed_result_gives_each_requests_span() -> None:
@@ -173,12 +210,14 @@ def test_pipelines_are_timed_and_the_bubbles_come_back_with_the_run(tmp_path: Pa
     result = tmp_path / "vllm-pp2_random-384-96_1qps.json"
     result.write_text(json.dumps({"request_rate": 1.0, "completed": 4}))
     assert math.isnan(load_row(result, "vllm-pp2", "random-384-96").bubble_fraction)
-    stages_path(result).write_text(
-        json.dumps({"bubble_fraction": 0.25, "steady_bubble_fraction": 0.125})
-    )
+    saved = {"bubble_fraction": 0.25, "steady_bubble_fraction": 0.125}
+    stages_path(result).write_text(json.dumps(saved))  # from before the lone share was saved
     timed = load_row(result, "vllm-pp2", "random-384-96")
     assert (timed.bubble_fraction, timed.steady_bubble_fraction) == (0.25, 0.125)
+    assert "| 25.0% | 12.5% | n/a |" in bubble_table([timed])
+    stages_path(result).write_text(json.dumps({**saved, "steady_lone_fraction": 0.05}))
+    timed = load_row(result, "vllm-pp2", "random-384-96")
     untimed = Row("vllm", "random-384-96", 1.0, 4, 0, *[1.0] * 9)
     table = bubble_table([timed, untimed])
-    assert "| random-384-96 | 1 | vllm-pp2 | 25.0% | 12.5% |" in table
+    assert "| random-384-96 | 1 | vllm-pp2 | 25.0% | 12.5% | 5.0% |" in table
     assert "| vllm |" not in table and bubble_table([untimed]) == ""

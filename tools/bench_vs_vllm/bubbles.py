@@ -10,6 +10,11 @@ sarathictl/bench/metrics.py holds the formula, used here as it is). What each se
   serve --save-detailed` saves both).
 A run's window is its first start to its last finish; the steady state is the middle 80% of
 its arrivals (controller.executor.simulated.steady_window), as every benchmark here reports.
+
+Part of a steady-state bubble is spent with one request alone in the system. Its tokens follow
+one another, so a pipeline then holds one micro-batch at most and each stage waits while the
+others run it: a bubble no schedule can fill, larger the lighter the load. The report gives
+that part beside the bubble (`steady_lone_fraction`), for both servers alike.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sarathictl.bench.metrics import BusyWindow, bubble_fraction, window_shares
+from sarathictl.bench.metrics import BusyWindow, bubble_fraction, union_s, window_shares
 
 from bench_vs_vllm.servers import STEP_LOG
 from controller.executor.simulated import steady_window
@@ -38,6 +43,9 @@ class RunBubbles:
     under a tenth of the run's: rate inf), which leaves no steady state to measure."""
     stage_busy_s: tuple[float, ...]
     """Each stage's busy seconds in the run."""
+    steady_lone_fraction: float = math.nan
+    """Of the steady-state bubble fraction, the part spent with one request alone in the system
+    (lone_spans), over the same busy plus bubble; NaN where there is no steady state."""
 
 
 def stage_steps(folder: Path) -> list[Steps]:
@@ -83,15 +91,48 @@ def busy_in(steps: Steps, lo: float, hi: float) -> float:
     return sum(max(0.0, min(end, hi) - max(end - busy, lo)) for end, busy in steps)
 
 
+def lone_spans(
+    spans: Sequence[tuple[float, float]], lo: float, hi: float
+) -> list[tuple[float, float]]:
+    """The stretches of [lo, hi] with exactly one request in the system (a request that ends
+    as another starts leaves it alone from then)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    alone: list[tuple[float, float]] = []
+    count, since = 0, 0.0
+    for at, change in events:
+        if count == 1 and at > since:
+            alone.append((max(since, lo), min(at, hi)))
+        count += change
+        since = at
+    return [(start, end) for start, end in alone if end > start]
+
+
+def lone_fraction(
+    stages: Sequence[Steps], spans: Sequence[tuple[float, float]], lo: float, hi: float
+) -> float:
+    """Each stage's idle time in [lo, hi] while one request was alone in the system, over its
+    busy plus bubble time there (bubble_fraction's denominator), the mean over stages."""
+    alone = lone_spans(spans, lo, hi)
+    alone_s = sum(end - start for start, end in alone)
+    work_s = union_s(spans, lo, hi)
+    shares = []
+    for steps in stages:
+        busy_s = busy_in(steps, lo, hi)
+        busy_alone_s = sum(busy_in(steps, start, end) for start, end in alone)
+        shares.append(max(0.0, alone_s - busy_alone_s) / max(busy_s, work_s, 1e-12))
+    return sum(shares) / len(shares) if shares else 0.0
+
+
 def run_bubbles(stages: Sequence[Steps], spans: Sequence[tuple[float, float]]) -> RunBubbles:
     lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
     busy = tuple(busy_in(steps, lo, hi) for steps in stages)
     whole = bubble_fraction(window_shares(BusyWindow(lo, hi, busy), spans))
     steady_lo, steady_hi = steady_window(sorted(s for s, _ in spans))
-    steady = math.nan
+    steady = lone = math.nan
     if steady_hi - steady_lo >= 0.1 * (hi - lo):
         steady_busy = tuple(busy_in(steps, steady_lo, steady_hi) for steps in stages)
         steady = bubble_fraction(
             window_shares(BusyWindow(steady_lo, steady_hi, steady_busy), spans)
         )
-    return RunBubbles(whole, steady, busy)
+        lone = lone_fraction(stages, spans, steady_lo, steady_hi)
+    return RunBubbles(whole, steady, busy, lone)

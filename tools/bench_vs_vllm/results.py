@@ -40,6 +40,8 @@ class Row:
     """The stages' bubble over the run (bubbles.py); NaN where the stages were not timed."""
     steady_bubble_fraction: float = math.nan
     """The same over the middle 80% of the arrivals."""
+    steady_lone_fraction: float = math.nan
+    """Of steady_bubble_fraction, the part with one request alone in the system (bubbles.py)."""
     ttft_split: TtftSplit | None = None
     """Median TTFT of the requests that arrived alone and of those beside others
     (ttft_split.py); None where the result has no per-request lists."""
@@ -96,6 +98,7 @@ def load_row(path: Path, system: str, workload: str) -> Row:
         row,
         bubble_fraction=_number(saved, "bubble_fraction"),
         steady_bubble_fraction=_number(saved, "steady_bubble_fraction"),
+        steady_lone_fraction=_number(saved, "steady_lone_fraction"),
     )
 
 
@@ -195,12 +198,13 @@ def bubble_table(rows: Iterable[Row]) -> str:
     if not timed:
         return ""
     lines = [
-        "| workload | rate req/s | system | bubble, whole run | bubble, steady state |",
-        "| --- | ---: | --- | ---: | ---: |",
+        "| workload | rate req/s | system | bubble, whole run | bubble, steady state "
+        "| of which a request alone |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
     ]
     lines += [
         f"| {r.workload} | {_rate(r.rate)} | {r.system} | {_pct(r.bubble_fraction)} | "
-        f"{_pct(r.steady_bubble_fraction)} |"
+        f"{_pct(r.steady_bubble_fraction)} | {_pct(r.steady_lone_fraction)} |"
         for r in timed
     ]
     return "\n".join(lines)
