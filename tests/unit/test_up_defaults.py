@@ -96,7 +96,11 @@ def test_up_says_what_it_chose_and_why(
     up.add_budget_flags(parser)
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
     monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: dtype)
+    # a CPU the rule was measured on in this dtype: an AVX2 EPYC, the Zen 5 EPYC
+    measured_on = {"float32": {"avx2"}, "bfloat16": {"avx2", "avx512f", "avx512_bf16"}}
+    monkeypatch.setattr(layout_choice, "cpu_flags", lambda: frozenset(measured_on[dtype]))
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr("sarathictl.local_devices.SYSFS_CPUS", tmp_path / "no-topology")
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if kernels else None)
     args = parser.parse_args(["--model", str(tmp_path)])
     assert up.cluster_config(args, port=0).dtype == dtype
@@ -117,6 +121,8 @@ def test_up_says_what_it_chose_and_why(
         assert "budget 64: on the AVX2 EPYC 64-token chunks" in said
         assert "`sarathictl tune-layout` fits a larger one" in said
         assert "idle budget 512: while nothing decodes" in said
+        assert "extrapolated" not in said
+        assert "pinned" not in said  # one worker: it has every core
         off = parser.parse_args(["--model", str(tmp_path), "--idle-budget", "0"])
         assert up.cluster_config(off, port=0).idle_budget_tokens == 0
         assert "idle budget" not in up.describe_layout(up.cluster_config(off, port=0), off)
@@ -128,6 +134,9 @@ def test_up_says_what_it_chose_and_why(
         assert "PP=2 x TP=1 on 2 cores" in said
         assert "1 torch thread(s) per worker" in said
         assert "LM head's stage holds fewer" in said
+        assert "each worker pinned to its own core(s), by rank: 0, 1 (--no-pin-cpus" in said
+        floating = parser.parse_args(["--model", str(tmp_path), "--no-pin-cpus"])
+        assert "pinned" not in up.describe_layout(up.cluster_config(floating, port=0), floating)
     flags = ["--model", str(tmp_path), "--threads", "2", "--dtype", "float32"]
     # A depth given: the budgets measured for that depth go with it (`bench-vs-vllm`'s
     # sarathi-pp1 is then up's own layout), whichever depth the rule would have picked.
@@ -149,6 +158,32 @@ def test_up_says_what_it_chose_and_why(
         other_layout.idle_budget_tokens,
     )
     assert (config.budget_tokens, config.idle_budget_tokens) == ((128, 0) if kernels else (64, 512))
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "measured"),
+    [
+        ("avx2 fma", "float32", True),  # the AVX2 EPYCs
+        ("avx2 avx512f avx512_bf16", "bfloat16", True),  # the Zen 5 EPYC
+        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16", False),  # a Xeon with AMX
+        ("avx2 avx512f avx512_bf16", "float32", False),
+        ("avx2 fma", "bfloat16", False),
+    ],
+)
+def test_the_pp1_rule_says_where_it_is_extrapolated(
+    monkeypatch: pytest.MonkeyPatch, flags: str, dtype: str, measured: bool
+) -> None:
+    """PP=1 beat PP=2 on the CPUs measured, in the dtype each ran; on another kind of CPU, or
+    in another dtype, up says that its pick is extrapolated and how to measure it."""
+    monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object())
+    layout = layout_choice.default_layout("cpu", dtype, frozenset(flags.split()))
+    assert layout.pp == 1
+    assert ("extrapolated" in layout.why) != measured
+    if not measured:
+        assert f"in {dtype}, so extrapolated here (`sarathictl tune-layout`" in layout.why
+    if "amx_tile" in flags:
+        assert "a CPU with AMX in bfloat16" in layout.why
+    assert layout_choice.default_layout("cpu").why == layout_choice.PP1_LAYOUT.why  # no dtype
 
 
 def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:

@@ -23,17 +23,41 @@ from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS
 from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The words of cpuinfo, its flags among them (none where it cannot be read)."""
+    try:
+        return frozenset(Path(cpuinfo).read_text(errors="replace").split())
+    except OSError:
+        return frozenset()
+
+
 def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     """bfloat16 on a GPU, and where the CPU has native bf16 arithmetic (oneDNN's bf16 kernels
     beat its float32 ones there, and the weights take half the memory); else float32. This is
     the rule up goes by until `sarathictl tune-layout` has measured the dtypes of auto_dtypes."""
     if device != "cpu":
         return "bfloat16"
-    try:
-        flags = Path(cpuinfo).read_text(errors="replace").split()
-    except OSError:
-        return "float32"
-    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo) else "float32"
+
+
+def pp1_rule_measured(dtype: str, flags: frozenset[str]) -> bool:
+    """Whether PP1_LAYOUT's rule was measured on a CPU of this kind in this dtype: float32 on
+    the AVX2 EPYCs (no AVX-512), bf16 on the Zen 5 EPYC (AVX512-BF16, no AMX). Elsewhere (AMX,
+    float32 beside AVX-512, bf16 without AVX512-BF16) it is extrapolated."""
+    if "amx_tile" in flags:
+        return False
+    if dtype == "float32":
+        return "avx512f" not in flags
+    return dtype == "bfloat16" and "avx512_bf16" in flags
+
+
+def cpu_kind(flags: frozenset[str]) -> str:
+    """The CPU's widest matrix or vector units, in up's words ("a CPU with AMX")."""
+    if "amx_tile" in flags:
+        return "with AMX"
+    if "avx512_bf16" in flags:
+        return "with AVX512-BF16"
+    return "with AVX-512" if "avx512f" in flags else "without AVX-512"
 
 
 @dataclass(frozen=True)
@@ -85,15 +109,23 @@ LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
 """The layouts `up` chooses between, by depth; `sarathictl tune-layout` measures each."""
 
 
-def default_layout(device: str) -> AutoLayout:
+def default_layout(device: str, dtype: str = "", flags: frozenset[str] | None = None) -> AutoLayout:
     """The layout for this device by the side-by-side runs' rule: one stage on every core
     wherever the package's CPU kernels load (it won in both dtypes on each CPU measured), the
-    pipeline elsewhere."""
+    pipeline elsewhere. Given the dtype (and the CPU's flags, else this CPU's), the rule's
+    reason says where it is extrapolated (pp1_rule_measured)."""
     from stage_worker import native  # torch: only when a cluster is configured
 
-    if device == "cpu" and native.fused_kernels() is not None:
+    if device != "cpu" or native.fused_kernels() is None:
+        return PP2_LAYOUT
+    flags = cpu_flags() if flags is None else flags
+    if not dtype or pp1_rule_measured(dtype, flags):
         return PP1_LAYOUT
-    return PP2_LAYOUT
+    untried = (
+        f"not yet measured on a CPU {cpu_kind(flags)} in {dtype}, so extrapolated here "
+        "(`sarathictl tune-layout` measures both depths)"
+    )
+    return dataclasses.replace(PP1_LAYOUT, why=f"{PP1_LAYOUT.why}; {untried}")
 
 
 def auto_dtypes(device: str = "cpu") -> tuple[str, ...]:
@@ -190,7 +222,9 @@ def machine_layout(
     file that cannot be read is passed over, and the reason goes into the layout's `why`, which
     up prints: up still starts."""
     rule_dtype = default_dtype(device) if dtype == "auto" else dtype
-    rule = LayoutChoice(default_layout(device), rule_dtype, rule_dtype_why(device, rule_dtype))
+    rule = LayoutChoice(
+        default_layout(device, rule_dtype), rule_dtype, rule_dtype_why(device, rule_dtype)
+    )
     if device != "cpu" or tp != 1 or not layout_file:
         return rule
     try:
