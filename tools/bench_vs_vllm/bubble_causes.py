@@ -1,0 +1,146 @@
+"""Where ours' pipeline bubble goes, run by run, from the controller's step log.
+
+    PYTHONPATH=tools:. .venv/bin/python -m bench_vs_vllm.bubble_causes RESULTS [--system S]
+
+RESULTS is a `make bench-vs-vllm` results folder; S is ours' pipeline there (default
+sarathi-pp2). Each stage's idle time while some request was in the system (its bubble,
+bubbles.py) is split by what the pipeline held at that moment:
+- `none`: no micro-batch in flight (the controller between results and plans, or prompts
+  still on their way in);
+- `one`: one micro-batch in flight, on the other stage or crossing: mostly a request alone,
+  whose tokens follow one another;
+- `waiting, decodes` / `waiting, prompt`: two or more in flight and the other stage busy on a
+  micro-batch of decodes alone / one carrying prompt tokens: the stages' imbalance for that
+  kind of micro-batch (a stage with more layers is slower at prompt chunks; the LM head's
+  stage at decodes), and this stage's result going round the controller;
+- `hand-off`: two or more in flight and both stages idle: the micro-batches on the wire or in
+  the controller.
+Each as a share of the time the run had requests in the system, as bubbles.py's bubble
+fraction counts it; the parts add up to the stage's idle share. vLLM's stage hook times its
+stages' steps but not its micro-batches, so this is ours only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench_vs_vllm.bubbles import request_spans
+from bench_vs_vllm.servers import STEP_LOG
+
+GRID_S = 1e-4
+"""The clock's step for the split: a tenth of a millisecond, under a step's hundredth."""
+
+CAUSES = ("none", "one", "waiting, decodes", "waiting, prompt", "hand-off")
+
+
+@dataclass(frozen=True)
+class MicroBatchTimes:
+    """One micro-batch from the step log, on perf_counter's clock."""
+
+    sent_s: float
+    returned_s: float
+    stage_busy: tuple[tuple[float, float], ...]
+    """(start, end) of each stage's work on it."""
+    carries_prompt: bool
+
+
+def read_step_log(path: Path) -> list[MicroBatchTimes]:
+    batches = []
+    for text in path.read_text().splitlines():
+        if not text.strip():
+            continue
+        line = json.loads(text)
+        opened = line["opened_at_s"]
+        busy = tuple(
+            (opened + s["reported_s"] - s["work_s"], opened + s["reported_s"])
+            for s in line["stages"]
+        )
+        batches.append(
+            MicroBatchTimes(
+                opened + line["sent_s"], opened + line["returned_s"], busy,
+                line["prompt_tokens"] > 0,
+            )
+        )  # fmt: skip
+    return batches
+
+
+def _cells(start_s: float, end_s: float, lo: float, n: int) -> slice:
+    """The grid cells of [start_s, end_s], the grid starting at lo with n cells."""
+    return slice(max(0, int((start_s - lo) / GRID_S)), min(n, int((end_s - lo) / GRID_S) + 1))
+
+
+def idle_causes(
+    batches: Sequence[MicroBatchTimes], spans: Sequence[tuple[float, float]]
+) -> list[dict[str, float]]:
+    """Each stage's idle time while requests were in the system, by CAUSES, as shares of that
+    time (the run: its first request's start to its last one's finish)."""
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    n = int((hi - lo) / GRID_S) + 1
+    in_system = np.zeros(n, bool)
+    for start, end in spans:
+        in_system[_cells(start, end, lo, n)] = True
+    num_stages = max((len(b.stage_busy) for b in batches), default=0)
+    in_flight = np.zeros(n, np.int32)
+    on_stage = np.zeros((num_stages, n), np.int8)  # 0 idle, 1 decodes alone, 2 with a prompt
+    for batch in batches:
+        if batch.returned_s < lo or batch.sent_s > hi:
+            continue
+        in_flight[_cells(batch.sent_s, batch.returned_s, lo, n)] += 1
+        for stage, (start, end) in enumerate(batch.stage_busy):
+            on_stage[stage, _cells(start, end, lo, n)] = 2 if batch.carries_prompt else 1
+    total = max(int(in_system.sum()), 1)
+    causes = []
+    for stage in range(num_stages):
+        idle = in_system & (on_stage[stage] == 0)
+        several = idle & (in_flight >= 2)
+        # with two stages "the other" is one stage; deeper, any other stage busy
+        others = np.delete(on_stage, stage, axis=0).max(axis=0, initial=0)
+        masks = {
+            "none": idle & (in_flight == 0),
+            "one": idle & (in_flight == 1),
+            "waiting, decodes": several & (others == 1),
+            "waiting, prompt": several & (others == 2),
+            "hand-off": several & (others == 0),
+        }
+        causes.append({cause: float(mask.sum()) / total for cause, mask in masks.items()})
+    return causes
+
+
+def causes_table(results: Path, system: str) -> str:
+    """A markdown table: every run of `system` in `results`, a row a stage."""
+    batches = read_step_log(results / "stages" / system / STEP_LOG)
+    lines = [
+        "| run | stage | idle | " + " | ".join(CAUSES) + " |",
+        "| --- | ---: | ---: |" + " ---: |" * len(CAUSES),
+    ]
+    for raw in sorted((results / "raw").glob(f"{system}_*.json")):
+        if raw.name.endswith(".stages.json"):
+            continue
+        spans = request_spans(json.loads(raw.read_text()))
+        run = raw.stem.removeprefix(f"{system}_")
+        for stage, shares in enumerate(idle_causes(batches, spans)):
+            cells = " | ".join(f"{100 * shares[c]:.1f}%" for c in CAUSES)
+            lines.append(f"| {run} | {stage} | {100 * sum(shares.values()):.1f}% | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a `make bench-vs-vllm` results folder")
+    p.add_argument("--system", default="sarathi-pp2", help="ours' pipeline's name there")
+    args = p.parse_args(argv)
+    step_log = args.results / "stages" / args.system / STEP_LOG
+    if not step_log.is_file():
+        p.error(f"{step_log}: no step log (was {args.system} run as a pipeline there?)")
+    print(causes_table(args.results, args.system))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
