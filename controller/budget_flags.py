@@ -7,6 +7,12 @@ import argparse
 
 from controller.flag_types import float_in, int_at_least
 
+SPREAD_PROMPTS_HELP = (
+    "PP > 1 with chunks pipelined: prompt tokens too few to fill every micro-batch in flight "
+    "are divided among them, rather than filling one and sending the next with decodes alone"
+)
+"""What SchedulerConfig.spread_prompts does, for the controller's flag and the simulator's."""
+
 
 def add_budget_flags(p: argparse.ArgumentParser) -> None:
     """The time budget, SLO mode and the spread of prompts (`sarathictl up` takes the same
@@ -43,7 +49,6 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spread-prompts",
         action="store_true",
-        help="PP > 1: share prompt tokens too few to fill every micro-batch in flight out over "
-        "them, rather than filling one and sending the next with decodes alone (off: measured "
-        "no better live, BENCHMARKS.md, issue 30 session 33)",
+        help=f"{SPREAD_PROMPTS_HELP} (default off: measured no better live, BENCHMARKS.md, "
+        "issue 30 session 33)",
     )

@@ -82,11 +82,18 @@ def test_the_bubble_with_a_request_alone_is_told_apart() -> None:
     whole = lone_fraction([stage0, stage1], spans, 0.0, 21.0)
     assert whole == pytest.approx(5.5 / 21)  # 11 s alone, half of it idle, over 21 s of work
     assert measured.bubble_fraction == pytest.approx(whole)  # every bubble here is a lone one
-    steady = steady_window(sorted(start for start, _ in spans))
-    assert measured.steady_lone_fraction == pytest.approx(
-        lone_fraction([stage0, stage1], spans, *steady)
-    )
+    # the steady state is [2, 17] (the arrivals' middle 80%): 9 s alone, half of it idle, over
+    # 15 s with requests in the system
+    assert steady_window(sorted(start for start, _ in spans)) == (2.0, 17.0)
+    assert measured.steady_lone_fraction == pytest.approx(4.5 / 15)
     assert measured.steady_lone_fraction == pytest.approx(measured.steady_bubble_fraction)
+    # a stage busy while no request is in the system has less bubble than idle time, and the
+    # lone part is never more than the bubble it is part of: two lone requests, [0, 4] and
+    # [6, 10], the stage busy over [4, 6] (between them) and [8, 10] only: idle 6 s of the 8
+    # alone, but 4 s busy against 8 s of work is a bubble of 4 s
+    gap_spans, busy_in_gap = [(0.0, 4.0), (6.0, 10.0)], [(6.0, 2.0), (10.0, 2.0)]
+    assert run_bubbles([busy_in_gap], gap_spans).bubble_fraction == pytest.approx(0.5)
+    assert lone_fraction([busy_in_gap], gap_spans, 0.0, 10.0) == pytest.approx(0.5)
 
 
 def test_a_detailed_result_gives_each_requests_span() -> None:

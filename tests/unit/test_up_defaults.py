@@ -97,8 +97,9 @@ def test_up_says_what_it_chose_and_why(
     parser.set_defaults(pp=None, budget=None, idle_budget=None)  # as `up` registers it
     monkeypatch.setattr(layout_choice, "default_dtype", lambda _device: dtype)
     # a CPU the rule was measured on in this dtype: an AVX2 EPYC, the Zen 5 EPYC
-    measured_on = {"float32": {"avx2"}, "bfloat16": {"avx2", "avx512f", "avx512_bf16"}}
-    monkeypatch.setattr(layout_choice, "cpu_flags", lambda: frozenset(measured_on[dtype]))
+    measured_on = {"float32": "avx2", "bfloat16": "avx2 avx512f avx512_bf16"}
+    cpu = layout_choice.CpuId("AuthenticAMD", frozenset(measured_on[dtype].split()))
+    monkeypatch.setattr(layout_choice, "read_cpu_id", lambda: cpu)
     monkeypatch.setattr(up.os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("sarathictl.local_devices.SYSFS_CPUS", tmp_path / "no-topology")
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object() if kernels else None)
@@ -161,29 +162,46 @@ def test_up_says_what_it_chose_and_why(
 
 
 @pytest.mark.parametrize(
-    ("flags", "dtype", "measured"),
+    ("vendor", "flags", "dtype", "measured"),
     [
-        ("avx2 fma", "float32", True),  # the AVX2 EPYCs
-        ("avx2 avx512f avx512_bf16", "bfloat16", True),  # the Zen 5 EPYC
-        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16", False),  # a Xeon with AMX
-        ("avx2 avx512f avx512_bf16", "float32", False),
-        ("avx2 fma", "bfloat16", False),
+        ("AuthenticAMD", "avx2 fma", "float32", True),  # the AVX2 EPYCs
+        ("AuthenticAMD", "avx2 avx512f avx512_bf16", "bfloat16", True),  # the Zen 5 EPYC
+        ("GenuineIntel", "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16", False),
+        ("GenuineIntel", "avx2 fma", "float32", False),  # another maker's AVX2
+        ("AuthenticAMD", "avx2 avx512f avx512_bf16", "float32", False),
+        ("AuthenticAMD", "avx2 fma", "bfloat16", False),
+        ("AuthenticAMD", "sse2", "float32", False),  # no AVX2
+        ("", "", "float32", False),  # a CPU that says nothing
     ],
 )
 def test_the_pp1_rule_says_where_it_is_extrapolated(
-    monkeypatch: pytest.MonkeyPatch, flags: str, dtype: str, measured: bool
+    monkeypatch: pytest.MonkeyPatch, vendor: str, flags: str, dtype: str, measured: bool
 ) -> None:
     """PP=1 beat PP=2 on the CPUs measured, in the dtype each ran; on another kind of CPU, or
     in another dtype, up says that its pick is extrapolated and how to measure it."""
     monkeypatch.setattr("stage_worker.native.fused_kernels", lambda: object())
-    layout = layout_choice.default_layout("cpu", dtype, frozenset(flags.split()))
+    cpu = layout_choice.CpuId(vendor, frozenset(flags.split()))
+    layout = layout_choice.default_layout("cpu", dtype, cpu)
     assert layout.pp == 1
     assert ("extrapolated" in layout.why) != measured
     if not measured:
         assert f"in {dtype}, so extrapolated here (`sarathictl tune-layout`" in layout.why
-    if "amx_tile" in flags:
-        assert "a CPU with AMX in bfloat16" in layout.why
+    if "amx_bf16" in flags:
+        assert "not yet measured on an Intel CPU with AMX in bfloat16" in layout.why
     assert layout_choice.default_layout("cpu").why == layout_choice.PP1_LAYOUT.why  # no dtype
+
+
+def test_the_cpu_is_read_from_its_vendor_and_flags_lines(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Xeon with avx2 in its name\n"
+        "flags\t\t: fpu amx_bf16 amx_tile\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    )
+    cpu = layout_choice.read_cpu_id(str(cpuinfo))
+    assert cpu == layout_choice.CpuId("GenuineIntel", frozenset({"fpu", "amx_bf16", "amx_tile"}))
+    assert layout_choice.read_cpu_id(str(tmp_path / "missing")) == layout_choice.CpuId(
+        "", frozenset()
+    )
 
 
 def test_the_demo_and_the_benchmarks_keep_the_pipeline(tmp_path: Path) -> None:

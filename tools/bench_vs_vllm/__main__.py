@@ -420,8 +420,9 @@ BUBBLE_INTRO = (
     "Pipeline bubbles: the time each stage was idle while some request was in the system, over "
     "that time plus its busy time, the mean over stages (bubbles.py); the steady state is the "
     "middle 80% of the arrivals. Of the steady-state bubble, the part while one request was "
-    "alone in the system: its tokens follow one another, so a pipeline holds one micro-batch "
-    "then and each stage waits while the other runs it, whatever the schedule."
+    "alone in the system: while it decodes, its tokens follow one another, so a pipeline holds "
+    "one micro-batch and each stage waits while the other runs it, whatever the schedule (its "
+    "prompt's chunks can overlap)."
 )
 
 

@@ -15,15 +15,17 @@ bubbles.py) is split by what the pipeline held at that moment:
   stage at decodes), and this stage's result going round the controller;
 - `hand-off`: two or more in flight and both stages idle: the micro-batches on the wire or in
   the controller.
-Each as a share of the time the run had requests in the system, as bubbles.py's bubble
-fraction counts it; the parts add up to the stage's idle share. vLLM's stage hook times its
-stages' steps but not its micro-batches, so this is ours only.
+Each as a share of the time the run had requests in the system, over the whole run, as
+bubbles.py's bubble fraction counts it; the parts add up to the stage's idle share. vLLM's
+stage hook times its stages' steps but not its micro-batches, so this is ours only. The split
+is taken on a grid of GRID_S (a few bytes a cell: tens of MB for a ten-minute run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,9 @@ class MicroBatchTimes:
     sent_s: float
     returned_s: float
     stage_busy: tuple[tuple[float, float], ...]
-    """(start, end) of each stage's work on it."""
+    """(start, end) of each stage's work on it. The end is when the controller read the
+    stage's report of it (step_log.py's `reported_s`), as bubbles.py takes it: a little after
+    the step ended, which shifts each stage's busy time late by the report's trip."""
     carries_prompt: bool
 
 
@@ -71,8 +75,10 @@ def read_step_log(path: Path) -> list[MicroBatchTimes]:
 
 
 def _cells(start_s: float, end_s: float, lo: float, n: int) -> slice:
-    """The grid cells of [start_s, end_s], the grid starting at lo with n cells."""
-    return slice(max(0, int((start_s - lo) / GRID_S)), min(n, int((end_s - lo) / GRID_S) + 1))
+    """The cells of a grid of n from lo whose left edges lie in [start_s, end_s): half-open,
+    so that back-to-back intervals share no cell."""
+    first = math.ceil((start_s - lo) / GRID_S)
+    return slice(max(0, first), min(n, math.ceil((end_s - lo) / GRID_S)))
 
 
 def idle_causes(
@@ -81,7 +87,7 @@ def idle_causes(
     """Each stage's idle time while requests were in the system, by CAUSES, as shares of that
     time (the run: its first request's start to its last one's finish)."""
     lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
-    n = int((hi - lo) / GRID_S) + 1
+    n = math.ceil((hi - lo) / GRID_S)
     in_system = np.zeros(n, bool)
     for start, end in spans:
         in_system[_cells(start, end, lo, n)] = True

@@ -11,10 +11,11 @@ sarathictl/bench/metrics.py holds the formula, used here as it is). What each se
 A run's window is its first start to its last finish; the steady state is the middle 80% of
 its arrivals (controller.executor.simulated.steady_window), as every benchmark here reports.
 
-Part of a steady-state bubble is spent with one request alone in the system. Its tokens follow
-one another, so a pipeline then holds one micro-batch at most and each stage waits while the
-others run it: a bubble no schedule can fill, larger the lighter the load. The report gives
-that part beside the bubble (`steady_lone_fraction`), for both servers alike.
+Part of a steady-state bubble is spent with one request alone in the system. While it decodes,
+its tokens follow one another, so a pipeline holds one micro-batch and each stage waits while
+the others run it: no schedule fills that. (Its prompt's chunks can overlap, where a server
+pipelines them, as ours does.) The lighter the load, the larger this part; the report gives it
+beside the bubble (`steady_lone_fraction`), for both servers alike, from the requests' spans.
 """
 
 from __future__ import annotations
@@ -111,15 +112,18 @@ def lone_fraction(
     stages: Sequence[Steps], spans: Sequence[tuple[float, float]], lo: float, hi: float
 ) -> float:
     """Each stage's idle time in [lo, hi] while one request was alone in the system, over its
-    busy plus bubble time there (bubble_fraction's denominator), the mean over stages."""
+    busy plus bubble time there (bubble_fraction's denominator), the mean over stages. At most
+    the stage's bubble (a stage busy with no request in the system has less bubble than idle
+    time)."""
     alone = lone_spans(spans, lo, hi)
     alone_s = sum(end - start for start, end in alone)
     work_s = union_s(spans, lo, hi)
     shares = []
     for steps in stages:
         busy_s = busy_in(steps, lo, hi)
-        busy_alone_s = sum(busy_in(steps, start, end) for start, end in alone)
-        shares.append(max(0.0, alone_s - busy_alone_s) / max(busy_s, work_s, 1e-12))
+        idle_alone_s = alone_s - sum(busy_in(steps, start, end) for start, end in alone)
+        bubble_s = max(0.0, work_s - busy_s)
+        shares.append(min(max(0.0, idle_alone_s), bubble_s) / max(busy_s, work_s, 1e-12))
     return sum(shares) / len(shares) if shares else 0.0
 
 

@@ -23,12 +23,32 @@ from sarathictl.local_cluster import LOCAL_BUDGET_TOKENS
 from sarathictl.slo_rule import SLO_BATCH, SLO_FACTORS
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The words of cpuinfo, its flags among them (none where it cannot be read)."""
+@dataclass(frozen=True)
+class CpuId:
+    """Who made this CPU and what it computes, as /proc/cpuinfo says."""
+
+    vendor: str
+    """vendor_id: AuthenticAMD, GenuineIntel, ...; empty where unknown."""
+    flags: frozenset[str]
+    """The first CPU's flags; empty where unknown."""
+
+
+def read_cpu_id(cpuinfo: str = "/proc/cpuinfo") -> CpuId:
+    """The first CPU's vendor and flags (both empty where cpuinfo cannot be read)."""
     try:
-        return frozenset(Path(cpuinfo).read_text(errors="replace").split())
+        text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return CpuId("", frozenset())
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(name.strip(), value.strip())
+    return CpuId(fields.get("vendor_id", ""), frozenset(fields.get("flags", "").split()))
+
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""The flags of CPUs that compute bf16 natively."""
 
 
 def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -37,27 +57,31 @@ def default_dtype(device: str = "cpu", cpuinfo: str = "/proc/cpuinfo") -> str:
     the rule up goes by until `sarathictl tune-layout` has measured the dtypes of auto_dtypes."""
     if device != "cpu":
         return "bfloat16"
-    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo) else "float32"
+    return "bfloat16" if NATIVE_BF16_FLAGS & read_cpu_id(cpuinfo).flags else "float32"
 
 
-def pp1_rule_measured(dtype: str, flags: frozenset[str]) -> bool:
+def pp1_rule_measured(dtype: str, cpu: CpuId) -> bool:
     """Whether PP1_LAYOUT's rule was measured on a CPU of this kind in this dtype: float32 on
-    the AVX2 EPYCs (no AVX-512), bf16 on the Zen 5 EPYC (AVX512-BF16, no AMX). Elsewhere (AMX,
-    float32 beside AVX-512, bf16 without AVX512-BF16) it is extrapolated."""
-    if "amx_tile" in flags:
+    the AVX2 EPYCs (AMD, AVX2 without AVX-512), bf16 on the Zen 5 EPYC (AMD, AVX512-BF16, no
+    AMX). Elsewhere (another maker, AMX, float32 beside AVX-512, bf16 without AVX512-BF16, a
+    CPU that says nothing) it is extrapolated."""
+    if cpu.vendor != "AuthenticAMD" or "amx_bf16" in cpu.flags:
         return False
     if dtype == "float32":
-        return "avx512f" not in flags
-    return dtype == "bfloat16" and "avx512_bf16" in flags
+        return "avx2" in cpu.flags and "avx512f" not in cpu.flags
+    return dtype == "bfloat16" and "avx512_bf16" in cpu.flags
 
 
-def cpu_kind(flags: frozenset[str]) -> str:
-    """The CPU's widest matrix or vector units, in up's words ("a CPU with AMX")."""
-    if "amx_tile" in flags:
-        return "with AMX"
-    if "avx512_bf16" in flags:
-        return "with AVX512-BF16"
-    return "with AVX-512" if "avx512f" in flags else "without AVX-512"
+def cpu_kind(cpu: CpuId) -> str:
+    """The CPU's maker and widest units, in up's words ("an Intel CPU with AMX")."""
+    maker = {"AuthenticAMD": "an AMD CPU", "GenuineIntel": "an Intel CPU"}.get(cpu.vendor, "a CPU")
+    if "amx_bf16" in cpu.flags:
+        return f"{maker} with AMX"
+    if "avx512_bf16" in cpu.flags:
+        return f"{maker} with AVX512-BF16"
+    if "avx512f" in cpu.flags:
+        return f"{maker} with AVX-512"
+    return f"{maker} with AVX2 only" if "avx2" in cpu.flags else f"{maker} without AVX2"
 
 
 @dataclass(frozen=True)
@@ -109,20 +133,22 @@ LAYOUTS = {layout.pp: layout for layout in (PP1_LAYOUT, PP2_LAYOUT)}
 """The layouts `up` chooses between, by depth; `sarathictl tune-layout` measures each."""
 
 
-def default_layout(device: str, dtype: str = "", flags: frozenset[str] | None = None) -> AutoLayout:
+def default_layout(device: str, dtype: str = "", cpu: CpuId | None = None) -> AutoLayout:
     """The layout for this device by the side-by-side runs' rule: one stage on every core
     wherever the package's CPU kernels load (it won in both dtypes on each CPU measured), the
-    pipeline elsewhere. Given the dtype (and the CPU's flags, else this CPU's), the rule's
-    reason says where it is extrapolated (pp1_rule_measured)."""
+    pipeline elsewhere. Given the dtype (and the CPU, else this one), the rule's reason says
+    where it is extrapolated (pp1_rule_measured)."""
     from stage_worker import native  # torch: only when a cluster is configured
 
     if device != "cpu" or native.fused_kernels() is None:
         return PP2_LAYOUT
-    flags = cpu_flags() if flags is None else flags
-    if not dtype or pp1_rule_measured(dtype, flags):
+    if not dtype:
+        return PP1_LAYOUT
+    cpu = read_cpu_id() if cpu is None else cpu
+    if pp1_rule_measured(dtype, cpu):
         return PP1_LAYOUT
     untried = (
-        f"not yet measured on a CPU {cpu_kind(flags)} in {dtype}, so extrapolated here "
+        f"not yet measured on {cpu_kind(cpu)} in {dtype}, so extrapolated here "
         "(`sarathictl tune-layout` measures both depths)"
     )
     return dataclasses.replace(PP1_LAYOUT, why=f"{PP1_LAYOUT.why}; {untried}")

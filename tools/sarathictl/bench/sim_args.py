@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from controller.budget_flags import SPREAD_PROMPTS_HELP
 from controller.simulator import GPUS, LINKS, MODELS
 from controller.simulator.hardware import GPU_ALIASES, LINK_ALIASES
 from sarathictl.argtypes import (
@@ -175,8 +176,8 @@ def _add_scheduler_args(group: argparse._ArgumentGroup) -> None:
         "--spread-prompts",
         action=argparse.BooleanOptionalAction,
         default=d.spread_prompts,
-        help="with PP > 1, share prompt tokens too few for PP micro-batches out over them "
-        "(opt-in; default: each micro-batch takes what its budget allows)",
+        help=f"{SPREAD_PROMPTS_HELP} (opt-in; default: each micro-batch takes what its "
+        "budget allows)",
     )
     group.add_argument(
         "--no-prefix-caching",
