@@ -13,7 +13,14 @@ from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))  # bench_vs_vllm is a folder there, not installed
 
-from bench_vs_vllm.bubble_causes import CAUSES, causes_table, idle_causes, main, read_step_log
+from bench_vs_vllm.bubble_causes import (
+    CAUSES,
+    all_causes_tables,
+    causes_table,
+    idle_causes,
+    main,
+    read_step_log,
+)
 from bench_vs_vllm.servers import STEP_LOG
 
 OPENED_AT_S = 100.0
@@ -72,6 +79,10 @@ def test_the_table_has_a_row_a_stage_for_every_run_and_a_missing_log_is_named(
     assert table[3].startswith("| random-512-128_2qps | 1 | 50.0% |")
     assert "| 0.0% | 0.0% | 25.0% |" in table[3]  # 2 s of 8 waiting for the prompt chunk
     assert main([str(tmp_path)]) == 0 and "random-512-128_2qps | 1 |" in capsys.readouterr().out
+    # the driver's report: a table for each of ours' pipelines there, none for vLLM's
+    (tmp_path / "stages" / "vllm-pp2").mkdir()
+    assert all_causes_tables(tmp_path) == "sarathi-pp2:\n\n" + "\n".join(table)
+    assert all_causes_tables(tmp_path / "elsewhere") == ""
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--system", "sarathi-pp3"])
     assert "no step log" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from types import FrameType
 
+from bench_vs_vllm.bubble_causes import all_causes_tables
 from bench_vs_vllm.bubbles import request_spans, run_bubbles, stage_steps
 from bench_vs_vllm.client import (
     BenchError,
@@ -398,6 +399,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         + capacity_table(rows, slo_ms)
         + section(TTFT_SPLIT_INTRO, ttft_split_table(rows))
         + section(BUBBLE_INTRO, bubble_table(rows))
+        + section(CAUSES_INTRO, all_causes_tables(args.results))
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )
     summary = {
@@ -423,6 +425,14 @@ BUBBLE_INTRO = (
     "alone in the system: while it decodes, its tokens follow one another, so a pipeline holds "
     "one micro-batch and each stage waits while the other runs it, whatever the schedule (its "
     "prompt's chunks can overlap)."
+)
+
+CAUSES_INTRO = (
+    "Where ours' bubble goes (bubble_causes.py), over each whole run: each stage's idle time "
+    "while requests were in the system, split by what the pipeline held then: no micro-batch "
+    "in flight; one (largely a request alone); two or more with the other stage working on "
+    "decodes alone, or on a prompt chunk (the stages' imbalance for that kind, and a "
+    "result's trip through the controller); two or more with both stages idle (hand-off)."
 )
 
 

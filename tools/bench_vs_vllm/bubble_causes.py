@@ -136,6 +136,14 @@ def causes_table(results: Path, system: str) -> str:
     return "\n".join(lines)
 
 
+def all_causes_tables(results: Path) -> str:
+    """causes_table for each pipeline of ours in `results` (each with a step log), under its
+    name; "" where there is none."""
+    stages = results / "stages"
+    names = sorted(f.name for f in stages.glob("*") if (f / STEP_LOG).is_file())
+    return "\n\n".join(f"{name}:\n\n{causes_table(results, name)}" for name in names)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path, help="a `make bench-vs-vllm` results folder")
