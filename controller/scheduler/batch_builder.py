@@ -67,8 +67,9 @@ class BatchBuilder:
     def _share_of_prompts(self) -> int:
         """With spread prompts: 1/PP of the prompt tokens of this round of PP micro-batches
         (those in flight, plus the prompt tokens not yet scheduled: running prompts' rest, then
-        the waiting ones the running-sequence cap lets in, counted only until there is enough
-        for PP micro-batches), at least a tile; else no cap. Two stages running a full
+        the waiting ones the running-sequence cap lets in, less what their cached prefixes
+        hold, counted only until there is enough for PP micro-batches), at least a tile; else
+        no cap. Two stages running a full
         micro-batch beside one of decodes alone idle one stage for the difference; two half
         ones keep both busy and finish the prompt no later (its chunks follow each other
         through the pipeline)."""
@@ -84,7 +85,8 @@ class BatchBuilder:
                 return self.budget_tokens
         admissible = sched.config.max_num_seqs - len(sched.running)  # the rest cannot start
         for seq in islice(sched.waiting, max(0, admissible)):
-            available += seq.num_tokens
+            _, num_cached = sched.prefix_cache.lookup(seq)  # what admission will start from
+            available += seq.num_tokens - num_cached
             if available >= enough:
                 return self.budget_tokens
         tile = sched.config.tile_tokens

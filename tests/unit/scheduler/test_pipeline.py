@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.scheduler import MicroBatch
+from controller.scheduler.sequence import RequestParams
 from tests.unit.scheduler.factories import FakePipeline, add_request, chunk_map, create_scheduler
 
 
@@ -167,3 +168,34 @@ def test_a_lone_prompt_is_shared_out_over_the_pipeline(spread_prompts: bool) -> 
     (second,) = pipe.fill()
     prompt_tokens = [sum(c.num_tokens for c in b.chunks if c.seq_id == 9) for b in (first, second)]
     assert prompt_tokens == ([128, 128] if spread_prompts else [254, 2])
+
+
+@pytest.mark.parametrize("spread_prompts", [True, False])
+def test_a_prompt_past_a_cached_prefix_is_shared_out_by_its_new_tokens(
+    spread_prompts: bool,
+) -> None:
+    """A prompt whose first 256 tokens are cached brings 64 new ones: spread, they go as two
+    chunks of 32 (a tile each), not as one full micro-batch and a tail. The 256 cached tokens
+    are no work, so they must not count toward filling the pipeline."""
+    sched = create_scheduler(
+        budget_tokens=64, tile_tokens=32, max_num_seqs=8, pipeline_depth=2,
+        spread_prompts=spread_prompts,
+    )  # fmt: skip
+    prefix = [5_000_000 + i for i in range(256)]
+    params = RequestParams(max_tokens=40)
+    sched.add_request(0, [*prefix, 1, 2, 3, 4], params, 0.0)
+    sched.add_request(1, [9, 8, 7, 6], params, 0.0)
+    pipe = FakePipeline(sched)
+    pipe.fill()
+    for _ in range(6):  # the prefix in four chunks, then both decode, one a micro-batch
+        pipe.complete_oldest()
+        pipe.fill()
+    sched.add_request(9, [*prefix, *range(100, 164)], RequestParams(max_tokens=2), 0.0)
+    built = []
+    while sum(built) < 64:
+        pipe.complete_oldest()
+        for batch in pipe.fill():
+            built.append(sum(c.num_tokens for c in batch.chunks if c.seq_id == 9))
+    assert sched.prefix_cache.stats.num_cached_tokens == 256  # the prefix came from the cache
+    taken = [n for n in built if n]
+    assert taken == ([32, 32] if spread_prompts else [63, 1])
