@@ -69,10 +69,9 @@ class BatchBuilder:
         (those in flight, plus the prompt tokens not yet scheduled: running prompts' rest, then
         the waiting ones the running-sequence cap lets in, less what their cached prefixes
         hold, counted only until there is enough for PP micro-batches), at least a tile; else
-        no cap. Two stages running a full
-        micro-batch beside one of decodes alone idle one stage for the difference; two half
-        ones keep both busy and finish the prompt no later (its chunks follow each other
-        through the pipeline)."""
+        no cap. Two stages running a full micro-batch beside one of decodes alone idle one
+        stage for the difference; two half ones keep both busy and finish the prompt no later
+        (its chunks follow each other through the pipeline)."""
         sched = self._sched
         if not sched.spread_prompts:
             return self.budget_tokens

@@ -7,8 +7,8 @@ sarathi-pp2). Each stage's idle time while some request was in the system (its b
 bubbles.py) is split by what the pipeline held at that moment:
 - `none`: no micro-batch in flight (the controller between results and plans, or prompts
   still on their way in);
-- `one`: one micro-batch in flight, on the other stage or crossing: mostly a request alone,
-  whose tokens follow one another;
+- `one`: one micro-batch in flight, on the other stage or crossing: largely a request alone,
+  whose tokens follow one another while it decodes;
 - `waiting, decodes` / `waiting, prompt`: two or more in flight and the other stage busy on a
   micro-batch of decodes alone / one carrying prompt tokens: the stages' imbalance for that
   kind of micro-batch (a stage with more layers is slower at prompt chunks; the LM head's
