@@ -30,6 +30,20 @@ CPUINFO = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _cpu_measured_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """up's rules read this machine's CPU (its dtype, and where the PP=1 rule is extrapolated):
+    these tests run on the Zen 5 EPYC's kind, whatever machine runs them (test_up_defaults.py
+    covers the others)."""
+    zen5 = layout_choice.CpuId("AuthenticAMD", frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    real = layout_choice.read_cpu_id
+
+    def read_cpu_id(cpuinfo: str = "/proc/cpuinfo") -> layout_choice.CpuId:
+        return zen5 if cpuinfo == "/proc/cpuinfo" else real(cpuinfo)  # a test's own file: read
+
+    monkeypatch.setattr(layout_choice, "read_cpu_id", read_cpu_id)
+
+
 def figures(
     pp: int, requests_per_s: float, tpot_ms: float, dtype: str = "float32"
 ) -> LayoutFigures:
