@@ -19,8 +19,8 @@ from bench_vs_vllm.bubble_causes import (
     causes_table,
     idle_causes,
     main,
-    read_step_log,
 )
+from bench_vs_vllm.bubbles import read_step_log
 from bench_vs_vllm.servers import STEP_LOG
 
 OPENED_AT_S = 100.0

@@ -27,51 +27,17 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bench_vs_vllm.bubbles import request_spans
+from bench_vs_vllm.bubbles import MicroBatchTimes, read_step_log, request_spans
 from bench_vs_vllm.servers import STEP_LOG
 
 GRID_S = 1e-4
 """The clock's step for the split: a tenth of a millisecond, under a step's hundredth."""
 
 CAUSES = ("none", "one", "waiting, decodes", "waiting, prompt", "hand-off")
-
-
-@dataclass(frozen=True)
-class MicroBatchTimes:
-    """One micro-batch from the step log, on perf_counter's clock."""
-
-    sent_s: float
-    returned_s: float
-    stage_busy: tuple[tuple[float, float], ...]
-    """(start, end) of each stage's work on it. The end is when the controller read the
-    stage's report of it (step_log.py's `reported_s`), as bubbles.py takes it: a little after
-    the step ended, which shifts each stage's busy time late by the report's trip."""
-    carries_prompt: bool
-
-
-def read_step_log(path: Path) -> list[MicroBatchTimes]:
-    batches = []
-    for text in path.read_text().splitlines():
-        if not text.strip():
-            continue
-        line = json.loads(text)
-        opened = line["opened_at_s"]
-        busy = tuple(
-            (opened + s["reported_s"] - s["work_s"], opened + s["reported_s"])
-            for s in line["stages"]
-        )
-        batches.append(
-            MicroBatchTimes(
-                opened + line["sent_s"], opened + line["returned_s"], busy,
-                line["prompt_tokens"] > 0,
-            )
-        )  # fmt: skip
-    return batches
 
 
 def _cells(start_s: float, end_s: float, lo: float, n: int) -> slice:
@@ -91,15 +57,15 @@ def idle_causes(
     in_system = np.zeros(n, bool)
     for start, end in spans:
         in_system[_cells(start, end, lo, n)] = True
-    num_stages = max((len(b.stage_busy) for b in batches), default=0)
+    num_stages = max((len(b.stage_steps) for b in batches), default=0)
     in_flight = np.zeros(n, np.int32)
     on_stage = np.zeros((num_stages, n), np.int8)  # 0 idle, 1 decodes alone, 2 with a prompt
     for batch in batches:
         if batch.returned_s < lo or batch.sent_s > hi:
             continue
         in_flight[_cells(batch.sent_s, batch.returned_s, lo, n)] += 1
-        for stage, (start, end) in enumerate(batch.stage_busy):
-            on_stage[stage, _cells(start, end, lo, n)] = 2 if batch.carries_prompt else 1
+        for stage, (end, busy) in enumerate(batch.stage_steps):
+            on_stage[stage, _cells(end - busy, end, lo, n)] = 2 if batch.carries_prompt else 1
     total = max(int(in_system.sum()), 1)
     causes = []
     for stage in range(num_stages):

@@ -65,17 +65,45 @@ def vllm_stage_steps(folder: Path) -> list[Steps]:
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-def sarathi_stage_steps(step_log: Path) -> list[Steps]:
-    """Each stage's steps from the controller's step log (controller/step_log.py)."""
-    stages: list[Steps] = []
+@dataclass(frozen=True)
+class MicroBatchTimes:
+    """One micro-batch of ours' step log (controller/step_log.py), on perf_counter's clock."""
+
+    sent_s: float
+    returned_s: float
+    stage_steps: tuple[tuple[float, float], ...]
+    """Each stage's step on it as (end_s, busy_s), as Steps holds them. The end is when the
+    controller read the stage's report of it (`reported_s`): a little after the step ended,
+    which shifts each stage's busy time late by the report's trip."""
+    carries_prompt: bool
+
+
+def read_step_log(step_log: Path) -> list[MicroBatchTimes]:
+    """Ours' micro-batches from the controller's step log, in the order written."""
+    batches = []
     for text in step_log.read_text().splitlines():
         if not text.strip():
             continue
         line = json.loads(text)
-        for index, stage in enumerate(line["stages"]):
+        opened = line["opened_at_s"]
+        steps = tuple((opened + s["reported_s"], s["work_s"]) for s in line["stages"])
+        batches.append(
+            MicroBatchTimes(
+                opened + line["sent_s"], opened + line["returned_s"], steps,
+                line["prompt_tokens"] > 0,
+            )
+        )  # fmt: skip
+    return batches
+
+
+def sarathi_stage_steps(step_log: Path) -> list[Steps]:
+    """Each stage's steps from the controller's step log."""
+    stages: list[Steps] = []
+    for batch in read_step_log(step_log):
+        for index, step in enumerate(batch.stage_steps):
             while len(stages) <= index:
                 stages.append([])
-            stages[index].append((line["opened_at_s"] + stage["reported_s"], stage["work_s"]))
+            stages[index].append(step)
     return stages
 
 
