@@ -76,11 +76,14 @@ class SchedulerConfig:
     pipeline_prefill_chunks: bool = True
     """Let a prompt's next chunk follow its previous chunk in the very next micro-batch, before
     that chunk has left the pipeline (stages run micro-batches in order). Off: wait for it."""
-    spread_prompts: bool = False
+    spread_prompts: bool = True
     """With PP > 1 and chunks pipelined: prompt tokens too few to fill PP micro-batches are
     shared out over the next PP micro-batches (BatchBuilder.prompt_left) instead of filling one
     and leaving the next with decodes alone, which idles a stage for the difference
-    (BENCHMARKS.md, issue 15). With PP = 1, or chunks not pipelined, it changes nothing."""
+    (BENCHMARKS.md, issue 15). On by default since session 34: measured live, a prompt's new
+    tokens past a shared prefix reach their first token sooner and decodes beside them wait
+    less; on long prompts it rarely engages. With PP = 1, chunks not pipelined or the
+    whole-prompt policies, it changes nothing."""
     chunk_schedule: tuple[tuple[int, int], ...] = field(default=())
     """Optional shrinking chunks for sarathi: (computed_tokens_at_least, max_chunk_tokens) pairs,
     ascending; a prompt that has computed that many tokens gets chunks of at most that size, since

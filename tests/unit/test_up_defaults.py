@@ -59,15 +59,16 @@ def test_budget_flags_reach_the_controller() -> None:
     assert up.budget_args(parser.parse_args([])) == ()
     args = parser.parse_args(["--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5"])
     assert up.budget_args(args) == ("--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5")
-    spread = parser.parse_args(["--spread-prompts"])
-    assert up.budget_args(spread) == ("--spread-prompts",)
-    # and the controller's own parser takes it into the scheduler's config
+    together = parser.parse_args(["--no-spread-prompts"])
+    assert up.budget_args(together) == ("--no-spread-prompts",)
+    # and the controller's own parser takes it into the scheduler's config: prompts are spread
+    # over the pipeline unless the user says otherwise
     from controller.__main__ import build_parser, scheduler_config
 
     base = ["--model", "m", "--pp", "2"]
-    controller = build_parser().parse_args([*base, *up.budget_args(spread)])
-    assert scheduler_config(controller, 4096).spread_prompts
-    assert not scheduler_config(build_parser().parse_args(base), 4096).spread_prompts
+    controller = build_parser().parse_args([*base, *up.budget_args(together)])
+    assert not scheduler_config(controller, 4096).spread_prompts
+    assert scheduler_config(build_parser().parse_args(base), 4096).spread_prompts
 
 
 def test_a_local_cluster_defaults_to_a_cpu_sized_budget(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ def _scheduler(
         max_num_seqs=max_num_seqs,
         pipeline_depth=pipeline_depth,
         vector_decodes_from=vector_decodes_from,
+        spread_prompts=False,  # a short prompt goes in one micro-batch, not one per stage
     )
 
 

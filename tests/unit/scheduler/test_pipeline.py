@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.scheduler import MicroBatch
+from controller.scheduler import CacheConfig, MicroBatch, Scheduler, SchedulerConfig
 from controller.scheduler.sequence import RequestParams
 from tests.unit.scheduler.factories import FakePipeline, add_request, chunk_map, create_scheduler
 
@@ -38,7 +38,7 @@ def test_at_most_pipeline_depth_micro_batches_in_flight() -> None:
 
 
 def test_decode_waits_until_its_token_is_back() -> None:
-    sched = create_scheduler(budget_tokens=64, pipeline_depth=2)
+    sched = create_scheduler(budget_tokens=64, pipeline_depth=2, spread_prompts=False)
     add_request(sched, 1, prompt_len=10, max_tokens=5)
     pipe = FakePipeline(sched)
     assert len(pipe.fill()) == 1  # the second slot stays empty: nothing else can run
@@ -61,7 +61,9 @@ def test_two_decoding_groups_alternate_to_fill_two_stages() -> None:
 
 
 def test_chunk_schedule_shrinks_chunks_of_long_prompts() -> None:
-    sched = create_scheduler(budget_tokens=64, pipeline_depth=8, chunk_schedule=((128, 32),))
+    sched = create_scheduler(
+        budget_tokens=64, pipeline_depth=8, chunk_schedule=((128, 32),), spread_prompts=False
+    )  # prompts not spread: each chunk is as large as the schedule lets it be
     add_request(sched, 1, prompt_len=256, max_tokens=1)
     sizes = [chunk_map(b)[1][1] for b in FakePipeline(sched).fill()]
     assert sizes == [64, 64, 32, 32, 32, 32]
@@ -130,7 +132,9 @@ def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
     together fill all PP slots within the first round, 64 / PP each (within 1), and every one
     of them decodes once per round of PP micro-batches after that."""
     short = range(64)
-    sched = create_scheduler(budget_tokens=256, max_num_seqs=64, pipeline_depth=pp)
+    sched = create_scheduler(
+        budget_tokens=256, max_num_seqs=64, pipeline_depth=pp, spread_prompts=False
+    )  # the prompts in one micro-batch, so that all 64 start decoding together
     for seq_id in short:
         add_request(sched, seq_id, prompt_len=4, max_tokens=12)
     pipe = FakePipeline(sched)
@@ -143,6 +147,26 @@ def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
         pipe.complete_oldest()
         (batch,) = pipe.fill()
         assert _decodes(batch, short) == _decodes(pipe.history[-1 - pp], short)
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "chunks"), [(20, [20]), (40, [32, 8]), (200, [64, 64, 64, 8])]
+)
+def test_served_defaults_share_a_prompt_in_tiles(prompt_len: int, chunks: list[int]) -> None:
+    """As served (SchedulerConfig's defaults: prompts spread, tiles of 32) at PP=2 and budget
+    64: a prompt under two tiles goes whole, one of 40 as a tile and its rest, and a long one in
+    budget-sized chunks until its last (prompts are split only where both stages get work)."""
+    config = SchedulerConfig(budget_tokens=64, max_num_seqs=64, pipeline_depth=2)
+    sched = Scheduler(config, CacheConfig(block_size=16, num_blocks=64))
+    assert sched.spread_prompts
+    add_request(sched, 1, prompt_len=prompt_len, max_tokens=2)
+    pipe = FakePipeline(sched)
+    taken: list[int] = []
+    while sum(taken) < prompt_len:
+        for batch in pipe.fill():
+            taken.append(chunk_map(batch)[1][1])
+        pipe.complete_oldest()
+    assert taken == chunks
 
 
 @pytest.mark.parametrize("spread_prompts", [True, False])

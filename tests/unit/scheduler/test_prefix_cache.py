@@ -218,7 +218,7 @@ def test_a_preempted_sequence_recomputes_from_its_own_cached_blocks() -> None:
 
 
 def test_a_lost_pipeline_empties_the_cache() -> None:
-    sched = create_scheduler(budget_tokens=64, pipeline_depth=2)
+    sched = create_scheduler(budget_tokens=64, pipeline_depth=2, spread_prompts=False)
     pipe = KVPipeline(sched)
     run_alone(sched, pipe, add(sched, 1, system_prompt(40)))
     assert sched.block_manager.num_cached_blocks == 2

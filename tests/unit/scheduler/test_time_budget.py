@@ -43,9 +43,10 @@ def test_attended_counts_causal_pairs() -> None:
 
 
 def test_a_late_chunk_of_a_long_prompt_is_smaller_than_its_first() -> None:
-    sched = create_scheduler(
-        budget_tokens=512, pipeline_depth=16, time_budget_s=0.3, step_cost=COST
-    )
+    sched = create_scheduler(  # prompts not spread: each chunk fills its time budget
+        budget_tokens=512, pipeline_depth=16, time_budget_s=0.3, step_cost=COST,
+        spread_prompts=False,
+    )  # fmt: skip
     add_request(sched, 1, prompt_len=3000, max_tokens=1)
     batches = FakePipeline(sched).fill()
     sizes = [chunk_map(b)[1][1] for b in batches]

@@ -176,8 +176,8 @@ def _add_scheduler_args(group: argparse._ArgumentGroup) -> None:
         "--spread-prompts",
         action=argparse.BooleanOptionalAction,
         default=d.spread_prompts,
-        help=f"{SPREAD_PROMPTS_HELP} (opt-in; default: each micro-batch takes what its "
-        "budget allows)",
+        help=f"{SPREAD_PROMPTS_HELP} (default on, as served; --no-: each micro-batch takes "
+        "what its budget allows)",
     )
     group.add_argument(
         "--no-prefix-caching",

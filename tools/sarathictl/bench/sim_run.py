@@ -56,9 +56,9 @@ class SimSetup:
     """Every stage's cost fitted to a live pipeline (controller/simulator/linear_profile.py)
     instead of the analytic model; None: unused."""
     spread_decodes: bool = True
-    spread_prompts: bool = False
-    """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
     """With PP > 1, decodes divided among the micro-batches in flight (Scheduler)."""
+    spread_prompts: bool = SchedulerConfig.spread_prompts
+    """With PP > 1, prompt tokens too few for PP micro-batches shared out over them (Scheduler)."""
     prefix_caching: bool = True
     """The scheduler's prefix cache (the served default); what it saves depends on the
     workload's shared prefixes (WorkloadSpec.system_prompt_tokens)."""

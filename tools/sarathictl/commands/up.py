@@ -257,8 +257,8 @@ def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
         flags += ["--time-budget", str(args.time_budget)]
     if args.tbt_slo:
         flags += ["--tbt-slo", str(args.tbt_slo)]
-    if args.spread_prompts:
-        flags.append("--spread-prompts")
+    if not args.spread_prompts:
+        flags.append("--no-spread-prompts")
     return tuple(flags)
 
 
