@@ -17,7 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.scheduler import FinishReason, MicroBatch, Scheduler, Sequence, SequenceStatus
+from controller.scheduler import (
+    FinishReason,
+    MicroBatch,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceStatus,
+)
 from tests.unit.scheduler.factories import add_request, create_scheduler, token_for
 
 POLICIES = ["sarathi", "vllm", "orca", "request_level", "chunked_only"]
@@ -229,7 +236,7 @@ def run(
     max_num_seqs: int = 8,
     pipeline_prefill_chunks: bool = True,
     config_overrides: Mapping[str, Any] | None = None,
-    spread_prompts: bool = False,
+    spread_prompts: bool = SchedulerConfig.spread_prompts,
 ) -> list[tuple[object, ...]]:
     """Runs requests to the end, checking the scheduler's promises on the way; abort_steps:
     step -> index of a request to abort then; checker_out: gets the checker, for its counts.
@@ -600,7 +607,7 @@ def test_spread_prompts_keep_every_promise(
     abort_steps: dict[int, int],
     pipelined: bool,
 ) -> None:
-    """Prompt tokens shared out over the micro-batches in flight (opt-in): budgets, the spread
+    """Prompt tokens shared out over the micro-batches in flight (the default): budgets, the spread
     of decodes, every token once, preemption and aborts all hold as without; with one stage, or
     without pipelined chunks, it changes nothing."""
     traces = [
