@@ -154,7 +154,7 @@ def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
 )
 def test_served_defaults_share_a_prompt_in_tiles(prompt_len: int, chunks: list[int]) -> None:
     """As served (SchedulerConfig's defaults: prompts spread, tiles of 32) at PP=2 and budget
-    64: a prompt under two tiles goes whole, one of 40 as a tile and its rest, and a long one in
+    64: a prompt of a tile or less goes whole, one of 40 as a tile and its rest, and a long one in
     budget-sized chunks until its last (prompts are split only where both stages get work)."""
     config = SchedulerConfig(budget_tokens=64, max_num_seqs=64, pipeline_depth=2)
     sched = Scheduler(config, CacheConfig(block_size=16, num_blocks=64))
