@@ -68,16 +68,20 @@ class BatchBuilder:
         """With spread prompts: 1/PP of the prompt tokens of this round of PP micro-batches
         (those in flight, plus the prompt tokens not yet scheduled: running prompts' rest, then
         the waiting ones the running-sequence cap lets in, less what their cached prefixes
-        hold, counted only until there is enough for PP micro-batches), at least a tile; else
-        no cap. Two stages running a full micro-batch beside one of decodes alone idle one
-        stage for the difference; two half ones keep both busy and finish the prompt no later
-        (its chunks follow each other through the pipeline)."""
+        hold, counted only until there is enough for PP micro-batches), in whole tiles and at
+        least one; no cap when there is enough, or when what the share would leave unscheduled
+        is under a tile. Two stages running a full micro-batch beside one of decodes alone idle
+        one stage for the difference; two half ones keep both busy and finish the prompt sooner
+        (its chunks follow each other through the pipeline). A sliver is not worth a step of
+        its own: each step pays the stage's fixed cost (reading its weights), so 40 tokens go
+        whole rather than as 32 and 8, and 65 as 32 and 33 rather than 64 and 1."""
         sched = self._sched
         if not sched.spread_prompts:
             return self.budget_tokens
         depth = sched.config.pipeline_depth
         enough = depth * self.budget_tokens
-        available = sum(sched.inflight_prompt_tokens.values())
+        inflight = sum(sched.inflight_prompt_tokens.values())
+        available = inflight
         for seq in sched.not_decoding.values():
             available += seq.num_uncomputed_tokens
             if available >= enough:
@@ -89,8 +93,10 @@ class BatchBuilder:
             if available >= enough:
                 return self.budget_tokens
         tile = sched.config.tile_tokens
-        share = -(-available // depth)
-        return max(tile, -(-share // tile) * tile)
+        share = max(tile, available // depth // tile * tile)
+        if available - inflight - share < tile:
+            return self.budget_tokens  # the rest now, not as a sliver of its own
+        return share
 
     @property
     def num_running(self) -> int:

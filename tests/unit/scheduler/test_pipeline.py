@@ -150,12 +150,14 @@ def test_decodes_alone_fill_every_pipeline_slot(pp: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt_len", "chunks"), [(20, [20]), (40, [32, 8]), (200, [64, 64, 64, 8])]
+    ("prompt_len", "chunks"),
+    [(20, [20]), (40, [40]), (64, [32, 32]), (65, [32, 33]), (200, [64, 64, 64, 8])],
 )
 def test_served_defaults_share_a_prompt_in_tiles(prompt_len: int, chunks: list[int]) -> None:
     """As served (SchedulerConfig's defaults: prompts spread, tiles of 32) at PP=2 and budget
-    64: a prompt of a tile or less goes whole, one of 40 as a tile and its rest, and a long one in
-    budget-sized chunks until its last (prompts are split only where both stages get work)."""
+    64: a prompt is split only into parts of a tile or more (a sliver would pay a step's fixed
+    cost for nothing), so 40 tokens go whole and 65 as 32 and 33; a long one goes in
+    budget-sized chunks until its last."""
     config = SchedulerConfig(budget_tokens=64, max_num_seqs=64, pipeline_depth=2)
     sched = Scheduler(config, CacheConfig(block_size=16, num_blocks=64))
     assert sched.spread_prompts
