@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Chunked by a budget of 32 beside the other requests' decodes: mixed steps, then decodes. At
-# budget 128 and PP=2 their 168 tokens spread over both micro-batches still make steps of 88,
+# budget 128 and PP=2 their 168 tokens spread over both micro-batches still make steps of 80,
 # past the bf16 kernel's default reach of 64.
 PROMPT_LENGTHS = (37, 5, 70, 16, 40)
 
