@@ -11,9 +11,9 @@
  *   (1) scores: 4 key rows against 3 query vectors at a time, 12 FMA chains, 7 loads for 12
  *       FMAs where attend_head's dot8 needs 9 for 8;
  *   (2) each query vector's softmax numerators over its own causal length (a token attends its
- *       lens[] positions; scores past it, computed with the tile's longest, become zeros);
+ *       lens[] positions; its scores past it, computed with the tile's longest, are never read);
  *   (3) values: block by block, 3 query vectors times 32 outputs in registers, added into out,
- *       so a block's value rows are read from L1 by every three.
+ *       so a block's value rows are read from L1 by every three, each over its own length.
  * Each (query token, head) output equals what attend_head computes up to the order of its sums.
  */
 #include "kernels.h"
@@ -93,17 +93,23 @@ static float row_max(const float *scores, int64_t len) {
     return max;
 }
 
-/* o[k][0 .. 8 NV) += sum over the n rows of p[k][r] * value_r for the 3 query vectors k: NV (a
- * constant after inlining, 2 or 4) vectors of each one's output in registers, each value load
- * feeding 3 FMA chains. */
+/* o[k][0 .. 8 NV) += sum over rows r < n[k] of p[k][r] * value_r for the 3 query vectors k: NV
+ * (a constant after inlining, 2 or 4) vectors of each one's output in registers, each value
+ * load feeding 3 FMA chains. Rows past a vector's own n[k] (a later token's, in the tile's last
+ * few positions) are left out of its sums, not weighted by zero: a non-finite value there must
+ * not reach an earlier token, as it does not in attend_head. */
 static inline __attribute__((always_inline)) void
-values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *p,
+values_3xNV(const char *rows, int64_t row_bytes, const int64_t n[3], const float *const *p,
             float *const *o, int NV) {
     __m256 acc[3][4];
     UNROLLED
     for (int j = 0; j < NV; ++j)
         for (int i = 0; i < 3; ++i) acc[i][j] = _mm256_loadu_ps(o[i] + 8 * j);
-    for (int64_t r = 0; r < n; ++r) {
+    int64_t shortest = n[0] < n[1] ? n[0] : n[1], longest = n[0] > n[1] ? n[0] : n[1];
+    shortest = n[2] < shortest ? n[2] : shortest;
+    longest = n[2] > longest ? n[2] : longest;
+    int64_t r = 0;
+    for (; r < shortest; ++r) {
         const float *value = (const float *)(rows + r * row_bytes);
         const __m256 a = _mm256_broadcast_ss(p[0] + r), b = _mm256_broadcast_ss(p[1] + r);
         const __m256 c = _mm256_broadcast_ss(p[2] + r);
@@ -115,15 +121,27 @@ values_3xNV(const char *rows, int64_t row_bytes, int64_t n, const float *const *
             acc[2][j] = _mm256_fmadd_ps(c, v, acc[2][j]);
         }
     }
+    for (; r < longest; ++r) { /* the tile's last few positions: each vector up to its own n */
+        const float *value = (const float *)(rows + r * row_bytes);
+        UNROLLED
+        for (int i = 0; i < 3; ++i) {
+            if (r >= n[i]) continue;
+            const __m256 w = _mm256_broadcast_ss(p[i] + r);
+            UNROLLED
+            for (int j = 0; j < NV; ++j)
+                acc[i][j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * j), acc[i][j]);
+        }
+    }
     UNROLLED
     for (int j = 0; j < NV; ++j)
         for (int i = 0; i < 3; ++i) _mm256_storeu_ps(o[i] + 8 * j, acc[i][j]);
 }
 
-/* out_i = sum over pos < values->len of probs_i[pos] * value(pos), block by block, out_i zeroed
- * first; three vectors at a time, made up by repeating as in score_tile. */
+/* out_i = sum over pos < len_i of probs_i[pos] * value(pos), block by block, out_i zeroed first,
+ * where len_i = lens[i / group] is query vector i's causal length (values->len, the tile's
+ * longest, bounds them all); three vectors at a time, made up by repeating as in score_tile. */
 static void value_tile(float *const *out, const float *probs, int64_t stride, int64_t nqv,
-                       const head_rows_t *values, int64_t nv) {
+                       const int64_t *lens, int64_t group, const head_rows_t *values, int64_t nv) {
     for (int64_t i = 0; i < nqv; ++i)
         for (int64_t j = 0; j < nv; ++j) _mm256_storeu_ps(out[i] + 8 * j, _mm256_setzero_ps());
     for (int64_t b = 0, pos = 0; pos < values->len; ++b) {
@@ -134,13 +152,19 @@ static void value_tile(float *const *out, const float *probs, int64_t stride, in
             const int64_t i1 = i + 1 < nqv ? i + 1 : i, i2 = i + 2 < nqv ? i + 2 : i1;
             const float *p[3] = {probs + i * stride + pos, probs + i1 * stride + pos,
                                  probs + i2 * stride + pos};
+            int64_t own[3]; /* rows of this block each of the three attends */
+            const int64_t at[3] = {i, i1, i2};
+            for (int k = 0; k < 3; ++k) {
+                const int64_t left = lens[at[k] / group] - pos;
+                own[k] = left < 0 ? 0 : left < n ? left : n;
+            }
             for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
-                const char *at = rows + j * 8 * (int64_t)sizeof(float);
+                const char *vat = rows + j * 8 * (int64_t)sizeof(float);
                 float *o[3] = {out[i] + 8 * j, out[i1] + 8 * j, out[i2] + 8 * j};
                 if (nv - j >= 4)
-                    values_3xNV(at, values->row_bytes, n, p, o, 4);
+                    values_3xNV(vat, values->row_bytes, own, p, o, 4);
                 else
-                    values_3xNV(at, values->row_bytes, n, p, o, 2);
+                    values_3xNV(vat, values->row_bytes, own, p, o, 2);
             }
         }
         pos += n;
@@ -167,9 +191,8 @@ void attend_tile_avx2(const float *q, int64_t q_stride, int64_t count, const int
         float *probs = scores + i * stride;
         const int64_t len = lens[i / group];
         inv_sum[i] = 1.0f / softmax_numerators(probs, len, row_max(probs, len));
-        for (int64_t pos = len; pos < keys->len; ++pos) probs[pos] = 0.0f; /* causal */
     }
-    value_tile(ov, scores, stride, nqv, values, nv);
+    value_tile(ov, scores, stride, nqv, lens, group, values, nv);
     for (int64_t i = 0; i < nqv; ++i) {
         const __m256 s = _mm256_set1_ps(inv_sum[i]);
         for (int64_t j = 0; j < nv; ++j)
