@@ -153,18 +153,18 @@ static void value_tile(float *const *out, const float *probs, int64_t stride, in
             const float *p[3] = {probs + i * stride + pos, probs + i1 * stride + pos,
                                  probs + i2 * stride + pos};
             int64_t own[3]; /* rows of this block each of the three attends */
-            const int64_t at[3] = {i, i1, i2};
+            const int64_t vec[3] = {i, i1, i2};
             for (int k = 0; k < 3; ++k) {
-                const int64_t left = lens[at[k] / group] - pos;
+                const int64_t left = lens[vec[k] / group] - pos;
                 own[k] = left < 0 ? 0 : left < n ? left : n;
             }
             for (int64_t j = 0; j < nv; j += 4) { /* nv is even: 4 vectors, or 2 at the end */
-                const char *vat = rows + j * 8 * (int64_t)sizeof(float);
+                const char *at = rows + j * 8 * (int64_t)sizeof(float);
                 float *o[3] = {out[i] + 8 * j, out[i1] + 8 * j, out[i2] + 8 * j};
                 if (nv - j >= 4)
-                    values_3xNV(vat, values->row_bytes, own, p, o, 4);
+                    values_3xNV(at, values->row_bytes, own, p, o, 4);
                 else
-                    values_3xNV(vat, values->row_bytes, own, p, o, 2);
+                    values_3xNV(at, values->row_bytes, own, p, o, 2);
             }
         }
         pos += n;
