@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from sarathi_proto import generate_pb2
-from sarathictl.commands.status import render, stage_label
+from sarathictl.commands.status import render, stage_label, tp_cell
 
 
 def rendered(status: generate_pb2.StatusResponse) -> str:
@@ -90,3 +90,16 @@ def test_the_scheduler_shows_its_budgets() -> None:
     console = Console(width=120, record=True)  # wide enough that the cell stays on one line
     console.print(render(status))
     assert "64 (512 idle)" in console.export_text()
+
+
+def test_the_tp_column_shows_the_degree_or_which_ranks_are_connected() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.scheduler.tensor_parallel = 4
+    status.stages.add(stage=0, host="h", up=True, tp_ranks=[0, 1, 2, 3])
+    status.stages.add(stage=1, host="h", up=False, tp_ranks=[0, 1, 3])
+    console = Console(width=120, record=True)
+    console.print(render(status))
+    text = console.export_text()
+    assert "0,1,3 of 4" in text  # rank 2 of stage 1 is missing
+    assert tp_cell([0], 1) == "1"  # a TP-1 stage reads as TP 1, not as its rank 0
+    assert tp_cell([], 4) == "-"

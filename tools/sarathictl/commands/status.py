@@ -92,7 +92,7 @@ def stages_table(status: generate_pb2.StatusResponse) -> Table:
         stages.add_row(
             stage_label(s),
             f"{s.host or '-'} ({s.device})" if s.device else s.host or "-",
-            ",".join(str(r) for r in s.tp_ranks) or "-",
+            tp_cell(list(s.tp_ranks), status.scheduler.tensor_parallel),
             f"{s.utilization_pct:.1f}",
             f"{s.bubble_pct:.1f}",
             f"{s.idle_pct:.1f}",
@@ -100,6 +100,15 @@ def stages_table(status: generate_pb2.StatusResponse) -> Table:
             str(s.micro_batches_in_flight),
         )
     return stages
+
+
+def tp_cell(connected_ranks: list[int], tp: int) -> str:
+    """The stage's TP degree when every rank is connected, else which are: "0,1,3 of 4"."""
+    if not connected_ranks:
+        return "-"
+    if len(connected_ranks) == tp:
+        return str(tp)
+    return ",".join(str(r) for r in connected_ranks) + (f" of {tp}" if tp else "")
 
 
 def scheduler_table(sc: generate_pb2.SchedulerStatus) -> Table:
