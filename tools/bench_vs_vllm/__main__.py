@@ -48,6 +48,7 @@ from bench_vs_vllm.results import (
     ttft_split_table,
 )
 from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
+from bench_vs_vllm.targets import targets_table, verdicts
 
 TOOLS = Path(__file__).resolve().parent.parent
 REPO = TOOLS.parent
@@ -397,6 +398,10 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         )
         + ".\n\n"
         + capacity_table(rows, slo_ms)
+        + section(
+            TARGETS_INTRO,
+            targets_table([verdicts(rows, next(iter(slo_ms.values())))], ["this run"]),
+        )
         + section(TTFT_SPLIT_INTRO, ttft_split_table(rows))
         + section(BUBBLE_INTRO, bubble_table(rows))
         + section(CAUSES_INTRO, all_causes_tables(args.results))
@@ -412,6 +417,11 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
     return report
 
 
+TARGETS_INTRO = (
+    "Issue 30's targets in this run, under the first (strict) SLO (targets.py, which says which "
+    "system stands for whom; `python -m bench_vs_vllm.targets DIR [DIR ...]` puts several "
+    "passes side by side)."
+)
 TTFT_SPLIT_INTRO = (
     "TTFT by what a request met on arrival: no other request in the system (alone) or some "
     "(beside others), medians and counts (ttft_split.py). Alone, a prompt is prefilled at once "

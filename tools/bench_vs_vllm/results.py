@@ -82,6 +82,18 @@ def parse_result(result: dict[str, object], system: str, workload: str) -> Row:
     )
 
 
+def row_from_summary(saved: dict[str, object]) -> Row:
+    """A row as summary.json holds it (the rate as the client's flag, "inf" for all at once)."""
+    fields = dict(saved)
+    rate = str(fields.pop("rate"))
+    split = fields.pop("ttft_split", None)
+    return Row(
+        **fields,  # type: ignore[arg-type]
+        rate=math.inf if rate == "inf" else float(rate),
+        ttft_split=TtftSplit(**split) if isinstance(split, dict) else None,
+    )
+
+
 def stages_path(result: Path) -> Path:
     """Where a run's stage measurement is saved beside its result (bubbles.py)."""
     return result.with_suffix(".stages.json")
