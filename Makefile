@@ -82,13 +82,17 @@ VS_VLLM_PROMPTS ?= 12
 # vLLM's single process and its pipeline; ours as one stage on every core and as two stages.
 VS_VLLM_SYSTEMS ?= vllm,vllm-pp2,sarathi-pp1,sarathi-pp2
 VS_VLLM_WORKLOADS ?= random,conversation,prefix
+# 2: a second pass in the opposite order under the first's SLOs, and both passes' targets in
+# $(VS_VLLM_RESULTS)/targets.md (twice the time).
+VS_VLLM_PASSES ?= 1
 VS_VLLM_ARGS ?=
 bench-vs-vllm: install
 	tools/bench_vs_vllm/install_vllm.sh $(VLLM_VENV) $(PYTHON)
 	$(VENV)/bin/sarathictl model prepare-demo
 	PYTHONPATH=tools:$(CURDIR) $(VLLM_VENV)/bin/python -m bench_vs_vllm --results $(VS_VLLM_RESULTS) \
 	  --rates $(VS_VLLM_RATES) --num-prompts $(VS_VLLM_PROMPTS) --systems $(VS_VLLM_SYSTEMS) \
-	  --workloads $(VS_VLLM_WORKLOADS) --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
+	  --workloads $(VS_VLLM_WORKLOADS) --passes $(VS_VLLM_PASSES) \
+	  --sarathictl $(VENV)/bin/sarathictl $(VS_VLLM_ARGS)
 
 # Two local pipelines behind one endpoint, chats routed by each policy (the chart's endpoint
 # picker among them): the prefix-cache hit rate each gets, from the controllers' own counters.

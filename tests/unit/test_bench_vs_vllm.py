@@ -371,3 +371,19 @@ def test_the_report_names_the_cpu_generation_not_only_its_brand() -> None:
     xeon = "model name\t: Intel Xeon\nflags\t\t: avx2 fma avx512f avx512_bf16 amx_bf16\n"
     assert cpu_description(xeon) == "Intel Xeon (avx2 fma avx512f avx512_bf16 amx_bf16)"
     assert cpu_description("") == "unknown CPU (none of avx2 fma avx512f avx512_bf16 amx_bf16)"
+
+
+def test_a_second_pass_runs_the_other_order_under_the_first_pass_slos(tmp_path: Path) -> None:
+    from bench_vs_vllm.__main__ import parse_args, pass_args, second_pass, slos
+
+    args = parse_args(
+        ["--results", str(tmp_path), "--systems", "vllm,vllm-pp2,sarathi-pp1", "--passes", "2"]
+    )
+    first = pass_args(args, "pass-a")
+    assert first.results == tmp_path / "pass-a" and first.system_list == args.system_list
+    second = second_pass(args, {"slo_ms": {"strict (5x)": 455.748, "relaxed (25x)": 2278.74}})
+    assert second.results == tmp_path / "pass-b"
+    assert second.system_list == ["sarathi-pp1", "vllm-pp2", "vllm"]
+    # pass B judges capacity by pass A's bounds, strict first, not by its own vLLM runs
+    assert list(slos(second, []).values()) == [455.748, 2278.74]
+    assert args.system_list == ["vllm", "vllm-pp2", "sarathi-pp1"]  # pass A's left as it was

@@ -48,7 +48,7 @@ from bench_vs_vllm.results import (
     ttft_split_table,
 )
 from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
-from bench_vs_vllm.targets import targets_table, verdicts
+from bench_vs_vllm.targets import targets_table, verdicts, verdicts_of_summary
 
 TOOLS = Path(__file__).resolve().parent.parent
 REPO = TOOLS.parent
@@ -143,6 +143,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--tbt-slo-ms", default="", help="fixed TBT SLOs instead, ms, e.g. 115,574")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="2: a second pass with the systems in the opposite order under the first's SLOs "
+        "(RESULTS/pass-a, RESULTS/pass-b), then both passes' targets side by side in "
+        "RESULTS/targets.md: a drift in a shared machine's speed falls on both orders",
+    )
     p.add_argument(
         "--report-only",
         action="store_true",
@@ -549,6 +558,49 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.report_only:
         return report_again(args)
+    if args.passes == 1:
+        return run_pass(args)
+    first = pass_args(args, "pass-a")
+    code = run_pass(first)
+    if code != 0:
+        return code
+    summary_a = json.loads((first.results / "summary.json").read_text())
+    second = second_pass(args, summary_a)
+    code = run_pass(second)
+    if code != 0:
+        return code
+    summary_b = json.loads((second.results / "summary.json").read_text())
+    table = targets_table(
+        [verdicts_of_summary(summary_a), verdicts_of_summary(summary_b)], ["pass A", "pass B"]
+    )
+    targets = args.results / "targets.md"
+    targets.write_text(
+        f"# Issue 30's targets, two passes ({summary_a['date']}, {summary_a['machine']})\n\n"
+        f"Pass A: {', '.join(first.system_list)}; pass B: {', '.join(second.system_list)}, "
+        f"under pass A's SLOs ({second.tbt_slo_ms} ms).\n\n{table}\n"
+    )
+    print(targets.read_text(), flush=True)
+    return 0
+
+
+def pass_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """The arguments of one pass: its results in a folder of its own."""
+    return argparse.Namespace(**{**vars(args), "results": args.results / name, "passes": 1})
+
+
+def second_pass(args: argparse.Namespace, first_summary: dict[str, object]) -> argparse.Namespace:
+    """Pass B: the systems in the opposite order, under the SLOs pass A took from vLLM (so both
+    passes judge capacity by the same bound)."""
+    slos = first_summary["slo_ms"]
+    assert isinstance(slos, dict), "pass A's summary has no SLOs"
+    second = pass_args(args, "pass-b")
+    second.system_list = list(reversed(args.system_list))
+    second.tbt_slo_ms = ",".join(f"{float(v):.3f}" for v in slos.values())
+    return second
+
+
+def run_pass(args: argparse.Namespace) -> int:
+    """One pass: every system over every workload and rate, then its report."""
     args.results.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     meta: dict[str, object] = {
