@@ -558,8 +558,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.report_only:
         return report_again(args)
-    if args.passes == 1:
-        return run_pass(args)
+    return run_pass(args) if args.passes == 1 else run_two_passes(args)
+
+
+def run_two_passes(args: argparse.Namespace) -> int:
+    """Pass A as asked, pass B in the opposite order under A's SLOs, then both passes' targets
+    side by side in RESULTS/targets.md."""
     first = pass_args(args, "pass-a")
     code = run_pass(first)
     if code != 0:
