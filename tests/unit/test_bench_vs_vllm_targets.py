@@ -114,7 +114,7 @@ def test_latency_asks_nothing_where_vllm_never_gets_under_100_ms() -> None:
 
 def test_latency_is_missed_where_ours_is_slower_at_an_asked_rate() -> None:
     rows = [run("vllm", 0.25, tpot=40.0), run("sarathi", 0.25, tpot=50.0)]
-    assert cells(rows)[TARGETS[1]] == "1 rates asked: TPOT as low at 0, TTFT at 1: **missed**"
+    assert cells(rows)[TARGETS[1]] == "1 rate asked: TPOT as low at 0, TTFT at 1: **missed**"
 
 
 def test_passes_sit_side_by_side_from_their_summaries(tmp_path: Path, capsys) -> None:

@@ -122,7 +122,8 @@ def latency(rows: list[Row], workload: str) -> Verdict:
         )
     tpot = sum(mine[r.rate].median_tpot_ms <= r.median_tpot_ms for r in asked)
     ttft = sum(mine[r.rate].median_ttft_ms <= r.median_ttft_ms for r in asked)
-    value = f"{len(asked)} rates asked: TPOT as low at {tpot}, TTFT at {ttft}"
+    rates = f"{len(asked)} rate" + ("s" if len(asked) != 1 else "")
+    value = f"{rates} asked: TPOT as low at {tpot}, TTFT at {ttft}"
     return Verdict(target, workload, value, tpot == ttft == len(asked))
 
 
