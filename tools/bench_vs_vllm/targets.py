@@ -118,7 +118,10 @@ def latency(rows: list[Row], workload: str) -> Verdict:
     asked = [r for r in _of(rows, vllm) if r.p99_tpot_ms < TPOT_ASKS_BELOW_MS and r.rate in mine]
     if not asked:
         return Verdict(
-            target, workload, f"{vllm}'s P99 TPOT never under 100 ms: nothing asked", None
+            target,
+            workload,
+            f"{vllm}'s P99 TPOT never under {TPOT_ASKS_BELOW_MS:g} ms: nothing asked",
+            None,
         )
     tpot = sum(mine[r.rate].median_tpot_ms <= r.median_tpot_ms for r in asked)
     ttft = sum(mine[r.rate].median_ttft_ms <= r.median_ttft_ms for r in asked)
