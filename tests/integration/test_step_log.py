@@ -52,5 +52,13 @@ def test_the_step_log_accounts_for_every_token_with_each_stages_time(
         assert all(s["work_s"] > 0 for s in line["stages"]), line
         assert line["stages"][1]["recv_wait_s"] >= 0
         assert 0 <= line["sent_s"] < line["returned_s"]
-    fitted = fit_rows(profile_rows(lines))
-    assert fitted.stage_time_s(64, 0, attended(0, 64), 0) > fitted.stage_time_s(0, 1, 0, 10) > 0
+    # The profile fitted from them reproduces the steps it saw. (Not an ordering such as "a
+    # 64-token chunk costs more than a decode": on this tiny model both are a millisecond or
+    # two of fixed cost, and a noisy machine's fit put them either way round.)
+    rows = profile_rows(lines)
+    fitted = fit_rows(rows)
+    errors = sorted(
+        abs(fitted.stage_time_s(*features) - seconds) / seconds for *features, seconds in rows
+    )
+    print(f"fit's relative error: median {errors[len(errors) // 2]:.2f}, largest {errors[-1]:.2f}")
+    assert errors[len(errors) // 2] < 0.35  # 0.07-0.12 in three runs on the Zen 3 EPYC
