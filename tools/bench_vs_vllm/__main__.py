@@ -48,7 +48,7 @@ from bench_vs_vllm.results import (
     ttft_split_table,
 )
 from bench_vs_vllm.servers import ServerError, ServerSpec, sarathi_spec, serving, vllm_spec
-from bench_vs_vllm.targets import targets_table, verdicts, verdicts_of_summary
+from bench_vs_vllm.targets import strict_slo_ms, targets_table, verdicts, verdicts_of_summary
 
 TOOLS = Path(__file__).resolve().parent.parent
 REPO = TOOLS.parent
@@ -409,7 +409,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         + capacity_table(rows, slo_ms)
         + section(
             TARGETS_INTRO,
-            targets_table([verdicts(rows, next(iter(slo_ms.values())))], ["this run"]),
+            targets_table([verdicts(rows, strict_slo_ms(slo_ms))], ["this run"]),
         )
         + section(TTFT_SPLIT_INTRO, ttft_split_table(rows))
         + section(BUBBLE_INTRO, bubble_table(rows))

@@ -173,6 +173,11 @@ def pipeline_bubble(rows: list[Row], workload: str, strict_slo_ms: float) -> Ver
     return Verdict(target, workload, value, mine.steady_bubble_fraction <= BUBBLE_MAX)
 
 
+def strict_slo_ms(slos_ms: dict[str, float]) -> float:
+    """The strict SLO of a pass's named SLOs: the first (write_report names them strict first)."""
+    return float(next(iter(slos_ms.values())))
+
+
 def verdicts(rows: list[Row], strict_slo_ms: float) -> list[Verdict]:
     """Every target on every workload of one pass, in TARGETS order, workloads sorted."""
     out = []
@@ -208,8 +213,7 @@ def verdicts_of_summary(summary: dict[str, object]) -> list[Verdict]:
     slos = summary["slo_ms"]
     rows = summary["rows"]
     assert isinstance(slos, dict) and isinstance(rows, list), "not a bench_vs_vllm summary"
-    strict = float(next(iter(slos.values())))
-    return verdicts([row_from_summary(r) for r in rows], strict)
+    return verdicts([row_from_summary(r) for r in rows], strict_slo_ms(slos))
 
 
 def main(argv: list[str]) -> int:
