@@ -8,6 +8,7 @@ target that resolves to both must alternate between them. The target here is gRP
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -46,7 +47,14 @@ def two_controllers() -> Iterator[list[int]]:
 def test_calls_alternate_over_every_address_of_the_target(two_controllers: list[int]) -> None:
     target = "ipv4:" + ",".join(f"127.0.0.1:{port}" for port in two_controllers)
     with Client(target) as client:
-        client.status(timeout_s=10)  # connects to both before counting
+        # Round robin sends calls to the subchannels that are READY; the first call waits for
+        # one alone. Count only once both have answered (a pick-first policy never would).
+        seen = {client.status(timeout_s=10).model}
+        for _ in range(200):  # 10 s at most
+            if len(seen) == 2:
+                break
+            time.sleep(0.05)
+            seen.add(client.status(timeout_s=10).model)
         answered = [client.status(timeout_s=10).model for _ in range(6)]
     assert sorted(set(answered)) == ["pipeline-0", "pipeline-1"]
     assert answered.count("pipeline-0") == 3  # round robin, not pick-first

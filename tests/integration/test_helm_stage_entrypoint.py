@@ -16,16 +16,20 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy/helm/sarathi-cluster/files/stage-pod.sh"
 
-# Logs its arguments, then waits; exits with $FAIL_STATUS if it is rank $FAIL_RANK, and logs the
-# SIGTERM it gets from the entry point.
+# Logs its arguments, then waits; logs the SIGTERM it gets from the entry point (the trap set
+# before the start is logged, so a SIGTERM sent upon it is logged too). Rank $FAIL_RANK exits
+# with $FAIL_STATUS once every rank has started, however slowly the machine starts them.
 FAKE_PYTHON = """#!/bin/bash
 rank=x
 for ((i = 1; i <= $#; i++)); do
   if [[ "${!i}" == --tp-rank ]]; then j=$((i + 1)); rank="${!j}"; fi
 done
-echo "start $rank $*" >> "$FAKE_LOG"
 trap 'echo "term $rank" >> "$FAKE_LOG"; exit 0' TERM
-if [[ "$rank" == "${FAIL_RANK:-none}" ]]; then sleep 0.5; exit "${FAIL_STATUS:-3}"; fi
+echo "start $rank $*" >> "$FAKE_LOG"
+if [[ "$rank" == "${FAIL_RANK:-none}" ]]; then
+  while (( $(grep -c '^start' "$FAKE_LOG") < SARATHI_TP )); do sleep 0.02; done
+  exit "${FAIL_STATUS:-3}"
+fi
 while true; do sleep 0.05; done
 """
 

@@ -184,8 +184,10 @@ def test_the_hook_times_vllms_steps_less_their_waits_in_a_real_process(tmp_path:
     (steps,) = stage_steps(logs)  # rank 1 alone: one stage's process
     assert len(steps) == 2  # the forward and the sampling; the empty step is none
     (forward_end, forward_busy), (_, sample_busy) = steps
-    assert 0.04 < forward_busy < 0.15  # 0.05 s of work, not the 0.2 s of waits before it
-    assert 0.015 < sample_busy < 0.1
+    # 0.05 s of work, not with the 0.2 s of waits before it (the bound below 0.25 leaves a
+    # loaded machine room to oversleep)
+    assert 0.04 < forward_busy < 0.22
+    assert 0.015 < sample_busy < 0.2
     assert abs(forward_end - time.perf_counter()) < 60  # the machine's one monotonic clock
 
 

@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -618,11 +617,13 @@ def test_helm_test_pod_sends_the_token_and_trusts_the_certificate_when_secured()
 
 
 class _Health:
-    """A real grpc.health.v1 server on a free port whose status the test sets."""
+    """A real grpc.health.v1 server on a free port whose status the test sets, or which answers
+    NOT_SERVING to its first `not_serving_checks` Checks and SERVING after (a pipeline still
+    loading when the test pod first asks, whatever the time the pod takes to get there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, not_serving_checks: int = 0) -> None:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self.servicer = health.HealthServicer()
+        self.servicer = _ServingAfter(not_serving_checks)
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.set(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -636,6 +637,26 @@ class _Health:
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop(None)
+
+
+class _ServingAfter(health.HealthServicer):
+    """HealthServicer, but with a number of Checks given, NOT_SERVING to those, then SERVING."""
+
+    def __init__(self, not_serving_checks: int) -> None:
+        super().__init__()
+        self.not_serving_left = not_serving_checks
+        self.flip_lock = threading.Lock()
+
+    def Check(self, request: Any, context: Any) -> Any:
+        with self.flip_lock:
+            if self.not_serving_left > 0:
+                self.not_serving_left -= 1
+                if self.not_serving_left == 0:
+                    self.set(request.service, health_pb2.HealthCheckResponse.SERVING)
+                return health_pb2.HealthCheckResponse(
+                    status=health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+        return super().Check(request, context)
 
 
 def run_test_pod_script(tmp_path: Path, addrs: list[str], timeout_s: int) -> tuple[int, str, str]:
@@ -665,18 +686,14 @@ def run_test_pod_script(tmp_path: Path, addrs: list[str], timeout_s: int) -> tup
 
 
 def test_helm_test_waits_for_serving_then_generates(tmp_path: Path) -> None:
-    with _Health() as first, _Health() as second:
+    # The second pipeline is still loading when first asked; it serves at the next Check.
+    with _Health() as first, _Health(not_serving_checks=1) as second:
         first.set(health_pb2.HealthCheckResponse.SERVING)
-        # The second pipeline is still loading; it turns SERVING a few seconds in.
-        timer = threading.Timer(2.0, second.set, [health_pb2.HealthCheckResponse.SERVING])
-        timer.start()
         addrs = [f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"]
-        start = time.monotonic()
         rc, output, generated = run_test_pod_script(tmp_path, addrs, timeout_s=60)
-        timer.cancel()
     assert rc == 0, output
-    assert time.monotonic() - start >= 2.0
     assert f"{addrs[1]}: NOT_SERVING; retrying" in output
+    assert f"{addrs[1]}: grpc.health.v1 SERVING" in output
     assert [line.split()[:2] for line in generated.splitlines()] == [
         ["generate", "--addr"],
         ["generate", "--addr"],

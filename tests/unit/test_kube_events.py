@@ -135,7 +135,8 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking(
     with caplog.at_level(logging.WARNING, logger="controller.kube_events"):
         for _ in range(50):
             poster.post(event)
-    assert time.monotonic() - start < 0.5  # never waits for the API
+    # never waits for the API, which hangs until the gate opens (a bound a loaded machine meets)
+    assert time.monotonic() - start < 5
     assert 40 <= poster.num_dropped <= 46
     assert "dropped so far" in caplog.text
     gate.set()

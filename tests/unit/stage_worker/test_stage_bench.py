@@ -30,8 +30,10 @@ def test_bench_stage_reports_decode_and_prefill_points_and_the_floor(
     # on the CPU each step is split as a worker's step log splits it: parts within the step
     for r in report["rows"]:
         assert r["linear_ms"] > 0 and r["attention_ms"] > 0
-        # timed in runs apart from step_ms's, single ones here: a loose bound against noise
-        assert r["linear_ms"] + r["attention_ms"] < 3 * r["step_ms"]
+    # timed in runs apart from step_ms's, single sub-millisecond ones here: a loose bound over
+    # all the points together, which one preempted run cannot break as it could one point's
+    parts_ms = sum(r["linear_ms"] + r["attention_ms"] for r in report["rows"])
+    assert parts_ms < 3 * sum(r["step_ms"] for r in report["rows"])
     # the scheduler's cost profile, fitted to the points: --step-cost for the controller
     fixed, per_token, per_attended = report["step_cost"]
     assert fixed >= 0 and per_token > 0 and per_attended >= 0
