@@ -32,8 +32,9 @@ pytestmark = NETNS_TEST_MARKS
 
 HEARTBEAT_TIMEOUT_S = 3.0
 CONTROLLER_TIMEOUT_S = 3.0
-# The health watch looks every 0.25 s and the pipeline's watchdog every 0.5 s.
-DETECTION_SLACK_S = 1.0
+# The health watch looks every 0.25 s and the pipeline's watchdog every 0.5 s (up to 0.75 s
+# after the timeout), and the health RPC itself waits up to 1 s on a loaded machine.
+DETECTION_SLACK_S = 2.0
 # Tokens of each undisturbed run checked against transformers' greedy continuation.
 ORACLE_PREFIX = 10
 
