@@ -40,11 +40,13 @@ def test_a_lone_prompt_takes_the_idle_budget_and_one_beside_a_decode_the_budget(
         assert (scheduler.budget_tokens, scheduler.idle_budget_tokens) == (32, 128)
         alone = list(client.generate(request(0, 150, 2), timeout_s=120))
         assert sum(len(r.token_ids) for r in alone) == 2
-        # A long decode, and a prompt sent once its first token is out: it meets a decode.
+        # A long decode, and a prompt sent once its first token is out: it meets a decode. The
+        # decode runs to the model's last positions, seconds even on a fast CPU, so a test
+        # thread slow to send the prompt still finds it decoding.
         first_token = threading.Event()
 
         def decode_long() -> None:
-            for r in client.generate(request(1, 3, 400), timeout_s=120):
+            for r in client.generate(request(1, 3, 1000), timeout_s=120):
                 if r.token_ids:
                     first_token.set()
 
