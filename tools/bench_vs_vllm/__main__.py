@@ -80,6 +80,26 @@ def run_seed(args: argparse.Namespace, rate: float) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench_vs_vllm", description=__doc__)
+    _add_workload_args(p)
+    _add_server_args(p)
+    _add_report_args(p)
+    args = p.parse_args(argv)
+    args.rate_list = parse_rates(args.rates)
+    args.system_list = _names(args.systems, SYSTEMS, "--systems")
+    if not (args.tbt_slo_ms or args.report_only or "vllm" in args.system_list):
+        # Refused before any server starts: the report, written after every run, would have
+        # no SLO to apply and the runs would be left without one.
+        p.error("--systems without vllm needs --tbt-slo-ms: the SLOs derive from vLLM's runs")
+    args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
+    # Ours is asked as the user asks `up`: auto lets a tune-layout measurement pick the dtype.
+    args.sarathi_dtype = args.dtype
+    args.dtype = native_dtype() if args.dtype == "auto" else args.dtype
+    return args
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """What is run and where its results go: the model, the rates, the systems, the workloads'
+    shapes and the dtype."""
     p.add_argument("--model", type=Path, default=REPO / ".cache/models/smollm2-135m-instruct")
     p.add_argument("--results", type=Path, default=REPO / "bench-results/vs-vllm")
     p.add_argument("--rates", default="0.25,0.5,0.75,1,1.5,inf", help="req/s, comma-separated")
@@ -116,6 +136,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.5,
         help="trace lengths times this (0.5: the trace's longest request fits 8,192 tokens)",
     )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the prompts' seed: the first rate's (each later rate adds its index) and the "
+        "trace sample's",
+    )
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    """How each system is started."""
     p.add_argument("--vllm-bin", type=Path, default=Path(sys.executable).parent / "vllm")
     p.add_argument("--sarathictl", type=Path, default=REPO / ".venv/bin/sarathictl")
     p.add_argument(
@@ -136,13 +167,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="both systems' prefix caches off (on by default, as both ship)",
     )
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    """The SLOs the report applies, the passes, and a report alone."""
     p.add_argument(
         "--slo-factors",
         default="5,25",
         help="TBT SLOs as multiples of vLLM's median TBT at the lowest rate (strict, relaxed)",
     )
     p.add_argument("--tbt-slo-ms", default="", help="fixed TBT SLOs instead, ms, e.g. 115,574")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--passes",
         type=int,
@@ -157,18 +191,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="no servers: the table, plot and capacity again from the results folder's runs",
     )
-    args = p.parse_args(argv)
-    args.rate_list = parse_rates(args.rates)
-    args.system_list = _names(args.systems, SYSTEMS, "--systems")
-    if not (args.tbt_slo_ms or args.report_only or "vllm" in args.system_list):
-        # Refused before any server starts: the report, written after every run, would have
-        # no SLO to apply and the runs would be left without one.
-        p.error("--systems without vllm needs --tbt-slo-ms: the SLOs derive from vLLM's runs")
-    args.workload_list = _names(args.workloads, WORKLOADS, "--workloads")
-    # Ours is asked as the user asks `up`: auto lets a tune-layout measurement pick the dtype.
-    args.sarathi_dtype = args.dtype
-    args.dtype = native_dtype() if args.dtype == "auto" else args.dtype
-    return args
 
 
 def native_dtype() -> str:
