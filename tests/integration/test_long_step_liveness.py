@@ -65,7 +65,8 @@ def test_a_whole_prompt_step_past_the_heartbeat_timeout_completes(tmp_path: Path
         ttft_s = responses[-1].ttft_s
         assert sum(len(r.token_ids) for r in responses) == 2
         assert client.status().serving
-    # Each stage's step is over the limits (a pipeline's first token: its steps in turn).
-    assert ttft_s > pp * 2 * LIMIT_S, f"{num_tokens} tokens in {ttft_s:.2f} s prove nothing"
+    # Each stage's step is over the limits (a pipeline's first token: its steps in turn). Sized
+    # for 4x the limits a stage, so a machine that sped up since the calibration still passes.
+    assert ttft_s > pp * 1.5 * LIMIT_S, f"{num_tokens} tokens in {ttft_s:.2f} s prove nothing"
     log = (tmp_path / "logs" / "controller.log").read_text()
     assert "pipeline down" not in log, f"{time.monotonic() - started:.1f} s; {log[-2000:]}"
