@@ -22,9 +22,10 @@ import time
 from types import ModuleType
 
 import torch
+from bench_cpu_attention import BLOCK_SIZE, HEAD_DIM, HEADS, KV_HEADS, random_caches
 from torch.utils.dlpack import to_dlpack
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 9, 3, 64, 16, 30
+LAYERS = 30
 
 
 def load_build(path: str, package: str) -> ModuleType:
@@ -41,9 +42,7 @@ def load_build(path: str, package: str) -> ModuleType:
 def compare(builds: list[ModuleType], batch: int, context: int, threads: int, rounds: int) -> str:
     gen = torch.Generator().manual_seed(0)
     per_seq = -(-context // BLOCK_SIZE)
-    shape = (batch * per_seq, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    caches = [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
-              for _ in range(LAYERS)]  # fmt: skip
+    caches = random_caches(batch * per_seq, LAYERS, gen, torch.float32)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
     table = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int64)

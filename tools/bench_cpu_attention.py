@@ -37,9 +37,11 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 Paths = dict[str, Callable[[], None]]
 
 
-def _caches(
+def random_caches(
     blocks: int, layers: int, gen: torch.Generator, dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's key and value caches of random values: [blocks, BLOCK_SIZE, KV_HEADS,
+    HEAD_DIM] each (tools/ab_attention_builds.py takes them too)."""
     shape = (blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     return [(torch.randn(shape, generator=gen).to(dtype),
              torch.randn(shape, generator=gen).to(dtype)) for _ in range(layers)]  # fmt: skip
@@ -51,7 +53,7 @@ def decode_paths(
     """Per path, a closure attending one query token per sequence in every layer."""
     gen = torch.Generator().manual_seed(0)
     per_seq = -(-context // BLOCK_SIZE)
-    caches = _caches(batch * per_seq, layers, gen, dtype)
+    caches = random_caches(batch * per_seq, layers, gen, dtype)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
     table = torch.randperm(batch * per_seq, generator=gen).view(batch, per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int64)
@@ -77,7 +79,7 @@ def chunk_paths(
     gen = torch.Generator().manual_seed(0)
     context = position + tokens
     per_seq = -(-context // BLOCK_SIZE)
-    caches = _caches(per_seq, layers, gen, dtype)
+    caches = random_caches(per_seq, layers, gen, dtype)
     q = torch.randn(tokens, HEADS, HEAD_DIM, generator=gen).to(dtype)
     row = torch.randperm(per_seq, generator=gen)
     table = row.expand(tokens, -1).contiguous()  # every token of the chunk: its sequence's table
