@@ -81,6 +81,9 @@ class StepCostModel:
         else:
             n = int((-b + math.sqrt(b * b + 4 * a * time_left_s)) / (2 * a))
         n = min(limit, n)
-        while n > 0 and self.chunk_s(first_position, n) > time_left_s:  # float rounding
+        # The root is rounded either way: step to the largest n that fits by chunk_s itself.
+        while n > 0 and self.chunk_s(first_position, n) > time_left_s:
             n -= 1
+        while n < limit and self.chunk_s(first_position, n + 1) <= time_left_s:
+            n += 1
         return n
