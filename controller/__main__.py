@@ -303,6 +303,7 @@ def scheduler_config(args: argparse.Namespace, max_model_len: int) -> SchedulerC
         pipeline_depth=args.pp,
         pipeline_prefill_chunks=not args.no_chunk_pipelining,
         spread_prompts=args.spread_prompts,
+        decode_ahead=args.decode_ahead and args.pp == 1,
         time_budget_s=time_budget_s,
         step_cost=step_cost if time_budget_s else None,
         tbt_slo_s=args.tbt_slo,

@@ -54,3 +54,11 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
         help=f"{SPREAD_PROMPTS_HELP} (default on; measured live with shared prefixes: median "
         "TTFT about 0.85x and P99 TBT 0.9x at PP=2, BENCHMARKS.md, issue 30 sessions 33-34)",
     )
+    p.add_argument(
+        "--decode-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="PP=1: schedule each decode's next step while its token is still being computed, "
+        "so the stage finds its next plan waiting instead of idling while the controller "
+        "applies the result (the worker feeds in the token it sampled; default on)",
+    )

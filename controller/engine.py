@@ -1,8 +1,9 @@
 """The engine loop: owns the scheduler and performs every side effect around it.
 
 schedule -> submit to the pipeline -> apply results -> stream tokens. Up to PP micro-batches are in
-flight (the scheduler enforces it); a new one is issued as soon as a slot is free, so stage 0 starts
-the next micro-batch while later stages still work on earlier ones.
+flight (the scheduler enforces it; one more with decodes ahead at PP = 1); a new one is issued as
+soon as a slot is free, so stage 0 starts the next micro-batch while later stages still work on
+earlier ones.
 """
 
 from __future__ import annotations
@@ -460,12 +461,14 @@ class Engine:
         gc.collect()
         gc.freeze()
         log.info(
-            "engine running: policy=%s budget=%d pp=%d KV blocks=%d prefix caching=%s",
+            "engine running: policy=%s budget=%d pp=%d KV blocks=%d prefix caching=%s "
+            "decodes ahead=%s",
             self.scheduler.config.policy,
             self.scheduler.config.budget_tokens,
             self.scheduler.config.pipeline_depth,
             self.scheduler.block_manager.num_blocks,
             "on" if self.scheduler.prefix_cache.enabled else "off",
+            "on" if self.scheduler.config.decode_ahead else "off",
         )
         while True:
             self._wake.clear()

@@ -39,6 +39,9 @@ class SeqState:
     prompt_token_ids: list[int] | None = None
     """Last stage, for a request that wants its prompt's log-probabilities (echo)."""
     prompt_top_k: int = 0
+    last_sampled: int = -1
+    """The stage that both embeds and samples (PP = 1): the token it sampled for the sequence
+    last, the input of a decode that goes ahead (ScheduledSeq.ahead); -1 before the first."""
 
 
 @dataclass
@@ -136,7 +139,7 @@ class StageRunner:
         for s in plan.seqs:
             self._validate_chunk(
                 plan.batch_id, s.seq_id, s.first_position, s.num_tokens, list(s.new_block_ids),
-                len(s.token_ids), s.HasField("sampling"), seen,
+                len(s.token_ids), s.HasField("sampling"), seen, s.ahead,
             )  # fmt: skip
         self._validate_decodes(plan, seen)
         copies = (plan.copy_from_blocks, plan.copy_to_blocks)
@@ -161,11 +164,16 @@ class StageRunner:
             raise PlanError(f"batch {batch_id}: decodes_at {plan.decodes_at} past the seqs")
         if self.model.shard.is_first and len(d.token_ids) != num:
             raise PlanError(f"batch {batch_id}: {len(d.token_ids)} token ids for {num} decodes")
+        ahead_at = list(d.ahead_at)
+        if any(i >= num for i in ahead_at) or any(a >= b for a, b in pairwise(ahead_at)):
+            raise PlanError(f"batch {batch_id}: decode ahead_at not ascending within {num}")
         new_blocks = dict(zip(at, d.new_block_ids, strict=True))
+        ahead = set(ahead_at)
         for i, (seq_id, position) in enumerate(zip(d.seq_ids, d.positions, strict=True)):
             block = new_blocks.get(i)
             blocks = [] if block is None else [block]
-            self._validate_chunk(batch_id, seq_id, position, 1, blocks, 1, False, seen)
+            # A decode's token id is in the column (a 0 where it goes ahead).
+            self._validate_chunk(batch_id, seq_id, position, 1, blocks, 1, False, seen, i in ahead)
 
     def _validate_chunk(
         self,
@@ -177,6 +185,7 @@ class StageRunner:
         num_token_ids: int,
         is_new: bool,
         seen: set[int],
+        ahead: bool = False,
     ) -> None:
         bs, num_blocks = self.kv_cache.block_size, self.kv_cache.num_blocks
         if seq_id in seen:
@@ -205,10 +214,29 @@ class StageRunner:
                 f"batch {batch_id}: sequence {seq_id} needs "
                 f"{first_position + num_tokens} KV slots, has {num_blocks_after * bs}"
             )
-        if self.model.shard.is_first and num_token_ids != num_tokens:
+        if ahead:
+            self._validate_ahead(batch_id, seq_id, num_tokens, state)
+        elif self.model.shard.is_first and num_token_ids != num_tokens:
             raise PlanError(
                 f"batch {batch_id}: sequence {seq_id} has {num_token_ids} token "
                 f"ids for a chunk of {num_tokens}"
+            )
+
+    def _validate_ahead(
+        self, batch_id: int, seq_id: int, num_tokens: int, state: SeqState | None
+    ) -> None:
+        """A decode that goes ahead takes the token this worker sampled last: only a stage
+        that embeds and samples has it, and only once it has sampled one for the sequence."""
+        shard = self.model.shard
+        if not (shard.is_first and shard.is_last):
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} goes ahead on stage {shard.stage}, which "
+                "does not both embed and sample"
+            )
+        if num_tokens != 1 or state is None or state.last_sampled < 0:
+            raise PlanError(
+                f"batch {batch_id}: sequence {seq_id} goes ahead with no token sampled for it "
+                "(or as more than one decode)"
             )
 
     @torch.inference_mode()
@@ -238,6 +266,7 @@ class StageRunner:
         processed = masked(processed, [s.grammar for s in states], copy=processed is logits)
         tokens = sample(processed, [s.sampling for s in states], positions)
         for state, token in zip(states, tokens, strict=True):
+            state.last_sampled = token
             if state.penalties is not None:
                 state.penalties.observe(token)
             if state.grammar is not None:
@@ -314,7 +343,11 @@ class _StepBuilder:
             if s.yields_token:
                 self.sample_rows.append(self.num_tokens - 1)
                 self.sample_seq_ids.append(s.seq_id)
-            if self.with_token_ids:
+            if not self.with_token_ids:
+                continue
+            if s.ahead:
+                self.token_ids.append(state.last_sampled)
+            else:
                 self.token_ids.extend(s.token_ids)
 
     def add_decodes(self, d: stage_pb2.DecodeColumns) -> None:
@@ -334,4 +367,7 @@ class _StepBuilder:
         self.sample_rows.extend(range(first_row, self.num_tokens))
         self.sample_seq_ids.extend(seq_ids)
         if self.with_token_ids:
+            start = len(self.token_ids)
             self.token_ids.extend(d.token_ids)
+            for i in d.ahead_at:
+                self.token_ids[start + i] = seqs[seq_ids[i]].last_sampled

@@ -24,6 +24,7 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
             num_tokens=chunk.num_tokens,
             yields_token=chunk.yields_token,
             new_block_ids=chunk.new_block_ids,
+            ahead=chunk.ahead,
         )
         if with_token_ids:
             seq.token_ids.extend(chunk.token_ids)
@@ -39,6 +40,7 @@ def encode_plan(batch: MicroBatch, with_token_ids: bool) -> stage_pb2.StepPlan:
         columns.new_block_ids.extend(block.new_block_ids)
         if with_token_ids:
             columns.token_ids.extend(block.tokens)
+        columns.ahead_at.extend(block.ahead_at)
     return plan
 
 

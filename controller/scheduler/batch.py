@@ -34,12 +34,15 @@ class ScheduledChunk(NamedTuple):
     new_block_ids: tuple[int, ...]
     """KV blocks appended to the sequence's block table for this step, in order."""
     token_ids: list[int]
-    """The chunk's token ids (stage 0 embeds them)."""
+    """The chunk's token ids (stage 0 embeds them); empty for a decode that goes ahead."""
     sampling: SamplingParams | None
     """Set on the first chunk the workers see of this sequence (also after a preemption)."""
     history: TokenHistory | None = None
     """With `sampling`, for a request whose logits the last stage adjusts (penalties, a grammar):
     the tokens it counts from."""
+    ahead: bool = False
+    """A decode scheduled while the sequence's previous decode was in flight (decode_ahead):
+    its input is the token that decode samples, which only the worker knows."""
 
     @property
     def context_len(self) -> int:
@@ -65,7 +68,11 @@ class DecodeBlock(NamedTuple):
     new_block_ids: list[int]
     """The block each of those appends, in the same order."""
     tokens: list[int]
-    """Each decode's input token (its sequence's last one when the block was built)."""
+    """Each decode's input token (its sequence's last one when the block was built); 0 where
+    the decode goes ahead."""
+    ahead_at: list[int]
+    """Indices (into the columns) of the decodes that go ahead (ScheduledChunk.ahead),
+    ascending."""
 
 
 class MicroBatch:
@@ -128,19 +135,23 @@ class MicroBatch:
         # Built with C-level maps, not a Python loop (tests and tools read them; the wire and
         # the simulator read the columns).
         num = len(block.seq_ids)
-        tokens = block.tokens
         new_block_ids: list[tuple[int, ...]] = [()] * num
         for i, block_id in zip(block.new_block_at, block.new_block_ids, strict=True):
             new_block_ids[i] = (block_id,)
+        token_ids: list[list[int]] = list(map(list, zip(block.tokens)))  # [token]
+        ahead = [False] * num
+        for i in block.ahead_at:
+            token_ids[i], ahead[i] = [], True
         fields = zip(
             block.seq_ids,
             block.positions.tolist(),
             repeat(1),
             repeat(True),
             new_block_ids,
-            map(list, zip(tokens)),  # [token]
+            token_ids,
             repeat(None),  # sampling
             repeat(None),  # history
+            ahead,
         )
         decodes = list(map(tuple.__new__, repeat(ScheduledChunk), fields))
         at = self.decodes_at

@@ -189,9 +189,17 @@ class BatchBuilder:
         sched = self._sched
         roster = sched.roster
         computed = roster.computed[order]
-        ready = computed < roster.num_tokens[order]  # else its last token is still in flight
+        num_tokens = roster.num_tokens[order]
+        ready = computed < num_tokens  # else its last token is still in flight
         if not sched.config.pipeline_prefill_chunks:
             ready &= roster.inflight[order] == 0
+        if sched.config.decode_ahead:
+            # Its one decode in flight yields a token that is not its last by length.
+            ready |= (
+                (computed == num_tokens)
+                & (roster.inflight[order] == 1)
+                & (num_tokens + 1 < roster.max_num_tokens[order])
+            )
         # ndarray.nonzero, not np.flatnonzero: the same on 1-d arrays, without its wrappers'
         # cost (a few microseconds, on every step).
         if np.count_nonzero(ready) == len(ready):  # the usual case with one batch in flight
@@ -242,6 +250,15 @@ class BatchBuilder:
             growing = slots[crossing]
             deque(map(list.append, roster.block_lists[growing], new_block_ids), 0)
             roster.kv_capacity[growing] += bm.block_size
+        tokens = roster.last_token[slots]
+        ahead_at: list[int] = []
+        if self._sched.config.decode_ahead:
+            # Those whose decode in flight yields the token they take (the worker has it).
+            ahead = (positions == roster.num_tokens[slots]).nonzero()[0]
+            if len(ahead):
+                tokens = tokens.copy()
+                tokens[ahead] = 0
+                ahead_at = ahead.tolist()
         roster.computed[slots] = positions + 1
         roster.inflight[slots] += 1
         self.decodes = DecodeBlock(
@@ -252,7 +269,8 @@ class BatchBuilder:
             roster.seqs[slots],
             crossing.tolist(),
             new_block_ids,
-            roster.last_token[slots].tolist(),
+            tokens.tolist(),
+            ahead_at,
         )
         self.decodes_at = len(self.chunks)
         self.num_tokens += len(slots)
@@ -336,6 +354,7 @@ class BatchBuilder:
         sched = self._sched
         roster = sched.roster
         wait_for_batch = not sched.config.pipeline_prefill_chunks
+        decode_ahead = sched.config.decode_ahead
         # The array.array twins of the columns: one slot at a time, Python ints are cheaper.
         computed, num_tokens = roster.py_computed, roster.py_num_tokens
         inflight, kv_capacity = roster.py_inflight, roster.py_kv_capacity
@@ -346,9 +365,18 @@ class BatchBuilder:
                 continue  # preempted by an earlier decode of this loop
             slot = seq._slot
             position = computed[slot]
+            ahead = False
             if num_tokens[slot] - position != 1:
-                continue  # its last token is still in flight
-            if wait_for_batch and inflight[slot]:
+                # Its last token is still in flight: it may go ahead (as in _ready_decodes).
+                ahead = (
+                    decode_ahead
+                    and num_tokens[slot] == position
+                    and inflight[slot] == 1
+                    and position + 1 < roster.max_num_tokens[slot]
+                )
+                if not ahead:
+                    continue
+            elif wait_for_batch and inflight[slot]:
                 continue
             if added >= limit:
                 break
@@ -370,9 +398,10 @@ class BatchBuilder:
                         1,
                         True,
                         new_block_ids,
-                        [seq.output_token_ids[-1]],
+                        [] if ahead else [seq.output_token_ids[-1]],
                         None,  # sampling
                         None,  # history
+                        ahead,
                     ),
                 )
             )

@@ -73,6 +73,14 @@ class SchedulerConfig:
     pipeline_depth: int = 1
     """Micro-batches in flight at most: the number of pipeline stages (PP). With PP > 1 the
     decoding sequences are spread over the micro-batches in flight (BatchBuilder.add_decodes)."""
+    decode_ahead: bool = False
+    """With one stage (pipeline_depth 1): schedule each decoding sequence's next decode while
+    its current one is still in flight, so the stage finds its next plan waiting when it
+    finishes a step instead of idling while the controller applies the result and schedules
+    (vLLM's async scheduling). The worker feeds such a decode the token it sampled for the
+    sequence last; a token past a sequence's end (a stop token, a stop string) is computed and
+    dropped. Two micro-batches are in flight then. With PP > 1 it must be off: the stage that
+    samples is not the one that embeds."""
     pipeline_prefill_chunks: bool = True
     """Let a prompt's next chunk follow its previous chunk in the very next micro-batch, before
     that chunk has left the pipeline (stages run micro-batches in order). Off: wait for it."""
@@ -123,6 +131,9 @@ class SchedulerConfig:
             raise ConfigError("max_model_len", self.max_model_len, "at least 2")
         if self.pipeline_depth < 1:
             raise ConfigError("pipeline_depth", self.pipeline_depth, "at least 1")
+        if self.decode_ahead and self.pipeline_depth > 1:
+            why = f"false with pipeline_depth={self.pipeline_depth} (no stage embeds and samples)"
+            raise ConfigError("decode_ahead", self.decode_ahead, why)
         previous = -1
         for computed, chunk in self.chunk_schedule:
             if computed <= previous:
@@ -160,6 +171,12 @@ class SchedulerConfig:
                 f"0, or a multiple of tile_tokens={self.tile_tokens} "
                 f"and at least budget_tokens={self.budget_tokens}",
             )
+
+    @property
+    def max_inflight_batches(self) -> int:
+        """Micro-batches in flight at most: one per stage, and one more queued at the only
+        stage when decodes go ahead."""
+        return self.pipeline_depth + int(self.decode_ahead)
 
     def max_chunk_tokens(self, num_computed_tokens: int, idle: bool = False) -> int:
         """Largest chunk a prompt may take next, given how far its prefill has come; idle (no

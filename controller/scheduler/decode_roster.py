@@ -8,7 +8,8 @@ Sequence's properties read and write them); they go back to the Sequence when it
 
 Membership: a running sequence is on the roster from the moment its next work is one decode token
 (prompt computed, at least one output token) until it finishes or is preempted; in between its
-uncomputed tokens are 1 (ready) or 0 (its decode is in flight).
+uncomputed tokens are 1 (ready) or 0 (its decode is in flight), or -1 when a second decode went
+ahead of the first's token (SchedulerConfig.decode_ahead).
 """
 
 from __future__ import annotations
@@ -200,7 +201,9 @@ class DecodeRoster:
             assert seq._roster is self and seq._slot == slot, seq
             assert self.seq_ids[slot] == seq.seq_id == self.id_objs[slot], seq
             assert self.num_tokens[slot] == seq.num_tokens, seq
-            assert 0 <= seq.num_tokens - self.computed[slot] <= 1, seq
+            # -1: a decode gone ahead (SchedulerConfig.decode_ahead) computes the position of
+            # the token its decode in flight yields.
+            assert -1 <= seq.num_tokens - self.computed[slot] <= 1, seq
             assert self.outputs[slot] is seq.output_token_ids and seq.output_token_ids, seq
             assert self.last_token[slot] == seq.output_token_ids[-1], seq
             assert self.block_lists[slot] is seq.block_ids, seq

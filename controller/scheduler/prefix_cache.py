@@ -92,8 +92,9 @@ class PrefixCache:
     def register(self, seq: Sequence) -> None:
         """Names seq's full blocks that are computed, or computed by a micro-batch already built
         (stages run micro-batches in order, so any later one that reads them finds them
-        written), and not named yet."""
-        num_full = seq.num_computed_tokens // self.block_size
+        written), and not named yet. A decode gone ahead computes a position whose token the
+        scheduler does not know yet: names stop at the known tokens."""
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         start = seq.num_named_blocks
         if not self.enabled or num_full <= start:
             return

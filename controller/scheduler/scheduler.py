@@ -212,7 +212,7 @@ class Scheduler:
     # ---- steps ----------------------------------------------------------------------------
     def schedule(self, now: float) -> MicroBatch | None:
         """The next micro-batch, or None when the pipeline is full or nothing can run now."""
-        if len(self._inflight) >= self.config.pipeline_depth:
+        if len(self._inflight) >= self.config.max_inflight_batches:
             return None
         builder = BatchBuilder(self, now)
         self.policy.build(builder)
@@ -598,7 +598,9 @@ class Scheduler:
         for seq in self.running.values():
             assert seq.status is SequenceStatus.RUNNING, seq
             assert len(seq.block_ids) * bs >= seq.num_computed_tokens, f"{seq} lacks KV blocks"
-            assert seq.num_computed_tokens <= seq.num_tokens, seq
+            # A decode gone ahead computes the position of a token still in flight.
+            ahead = seq._roster is not None and self.config.decode_ahead
+            assert seq.num_computed_tokens <= seq.num_tokens + ahead, seq
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq
             assert seq.num_computed_tokens == 0 and seq.num_named_blocks == 0, seq
@@ -622,7 +624,7 @@ class Scheduler:
         ], "the roster's order is not the admission order"
         for seq in self.not_decoding.values():
             assert seq.num_uncomputed_tokens != 1 or not seq.output_token_ids, f"{seq} decodes"
-        assert len(self._inflight) <= self.config.pipeline_depth
+        assert len(self._inflight) <= self.config.max_inflight_batches
         if self.spread_decodes:
             assert self.inflight_decodes.keys() == self._inflight.keys()
         else:

@@ -129,7 +129,7 @@ def test_decode_block_chunks_are_built_in_micro_batch_order() -> None:
     a, b = _decoding_seq(1), _decoding_seq(2, prompt_len=5)
     block = DecodeBlock(
         np.array([0, 1]), 0, [1, 2], np.array([3, 5]), np.array([a, b], object), [1], [42],
-        [101, 102],
+        [101, 0], [1],
     )  # fmt: skip
     prefill = ScheduledChunk(7, 0, 4, False, (3,), [1, 2, 3, 4], None)
     sampled = ScheduledChunk(8, 4, 2, True, (), [5, 6], None)
@@ -140,7 +140,8 @@ def test_decode_block_chunks_are_built_in_micro_batch_order() -> None:
     assert chunks == [
         prefill,
         ScheduledChunk(1, 3, 1, True, (), [101], None),
-        ScheduledChunk(2, 5, 1, True, (42,), [102], None),
+        # Sequence 2's decode goes ahead: the worker feeds it the token it sampled last.
+        ScheduledChunk(2, 5, 1, True, (42,), [], None, None, ahead=True),
         sampled,
     ]
     a.output_token_ids.append(55)  # a later token does not change what was scheduled

@@ -47,7 +47,8 @@ class Checker:
     # Tokens a sequence started past, taken from the prefix cache (a recompute after preemption
     # finds its own blocks while they last).
     cached_tokens: dict[int, int] = field(default_factory=dict)
-    yielding_inflight: set[int] = field(default_factory=set)
+    # Yielding chunks in flight per sequence: one, or two where a decode went ahead.
+    yielding_inflight: dict[int, int] = field(default_factory=dict)
     inflight_chunks: dict[int, int] = field(default_factory=dict)
     num_batches: int = 0
     # Spread decodes (PP > 1): decoding sequences ready before the build being checked; per
@@ -176,9 +177,17 @@ class Checker:
         for chunk in batch.chunks:
             assert chunk.seq_id not in seen, "sequence twice in one micro-batch"
             seen.add(chunk.seq_id)
-            assert chunk.seq_id not in self.yielding_inflight, (
-                "decoding sequence scheduled again before its token returned"
-            )
+            if chunk.ahead:
+                # Only behind its one decode in flight, never past its last token by length.
+                assert cfg.decode_ahead and chunk.num_tokens == 1 and chunk.yields_token
+                assert self.yielding_inflight.get(chunk.seq_id) == 1, "ahead of nothing"
+                seq = self.sched.get(chunk.seq_id)
+                assert chunk.first_position + 1 < len(seq.prompt_token_ids) + seq.max_tokens
+                self.count("ahead")
+            else:
+                assert chunk.seq_id not in self.yielding_inflight, (
+                    "decoding sequence scheduled again before its token returned"
+                )
             start = self.next_position.get(chunk.seq_id, 0)
             if chunk.sampling is not None and chunk.first_position > start:
                 # The workers meet it past its start: that much came from the prefix cache.
@@ -189,14 +198,16 @@ class Checker:
                 self.count("cache hit")
                 start = chunk.first_position
             assert chunk.first_position == start, "chunk out of order"
-            assert len(chunk.token_ids) == chunk.num_tokens
+            assert len(chunk.token_ids) == (0 if chunk.ahead else chunk.num_tokens)
             self.next_position[chunk.seq_id] = chunk.first_position + chunk.num_tokens
             self.computed_tokens[chunk.seq_id] = (
                 self.computed_tokens.get(chunk.seq_id, 0) + chunk.num_tokens
             )
             self.inflight_chunks[chunk.seq_id] = self.inflight_chunks.get(chunk.seq_id, 0) + 1
             if chunk.yields_token:
-                self.yielding_inflight.add(chunk.seq_id)
+                self.yielding_inflight[chunk.seq_id] = (
+                    self.yielding_inflight.get(chunk.seq_id, 0) + 1
+                )
         assert len({c.seq_id for c in batch.chunks}) <= cfg.max_num_seqs or not self.chunked
         if self.sched.spread_decodes:
             self.spread_checks(batch)
@@ -205,7 +216,7 @@ class Checker:
         """Under sarathi no paused decode is left out while memory allows it (no stall)."""
         if self.sched.config.policy != "sarathi":
             return
-        if self.sched.num_inflight_batches >= self.sched.config.pipeline_depth:
+        if self.sched.num_inflight_batches >= self.sched.config.max_inflight_batches:
             return
         if self.sched.block_manager.num_free == 0:
             return
@@ -220,7 +231,10 @@ class Checker:
             self.inflight_chunks[chunk.seq_id] -= 1
             if not self.inflight_chunks[chunk.seq_id]:
                 del self.inflight_chunks[chunk.seq_id]
-            self.yielding_inflight.discard(chunk.seq_id)
+            if chunk.yields_token:
+                left = self.yielding_inflight.pop(chunk.seq_id) - 1
+                if left:
+                    self.yielding_inflight[chunk.seq_id] = left
 
 
 def run(
@@ -454,9 +468,8 @@ def test_vector_block_and_chunk_each_decodes_schedule_the_same(
 
 ABORTS = st.dictionaries(st.integers(1, 200), st.integers(0, 47), max_size=6)
 
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# Runs with one stage (PP = 1), with KV blocks short or not and aborts in every state.
+one_stage_runs = given(
     policy=st.sampled_from(POLICIES),
     budget=st.sampled_from([8, 16, 64, 256]),
     num_blocks=st.sampled_from([61, 400]),
@@ -464,6 +477,10 @@ ABORTS = st.dictionaries(st.integers(1, 200), st.integers(0, 47), max_size=6)
     abort_steps=ABORTS,
     vector_decodes_from=VECTOR_DECODES_FROM,
 )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@one_stage_runs
 def test_with_one_stage_spreading_changes_nothing(
     policy: str,
     budget: int,
@@ -617,3 +634,48 @@ def test_spread_prompts_keep_every_promise(
     ]  # fmt: skip
     if pp == 1 or not pipelined:
         assert traces[0] == traces[1]
+
+
+# ---- decodes ahead of their tokens (PP = 1) --------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@one_stage_runs
+def test_decodes_ahead_keep_every_promise(
+    policy: str,
+    budget: int,
+    num_blocks: int,
+    requests: list[Request],
+    abort_steps: dict[int, int],
+    vector_decodes_from: int,
+) -> None:
+    """With decodes going ahead (two micro-batches in flight at PP = 1), with preemption and
+    aborts: every token follows the one before, none is computed twice or past a sequence's
+    length, no block leaks, and the vector block and the walk make the same micro-batches."""
+    traces = [
+        run(
+            policy,
+            1,
+            budget,
+            num_blocks,
+            requests,
+            vector_from,
+            abort_steps,
+            config_overrides={"decode_ahead": True},
+        )
+        for vector_from in (vector_decodes_from, 1 << 30)
+    ]
+    assert traces[0] == traces[1]
+
+
+@pytest.mark.parametrize("vector_decodes_from", [1, 1 << 30], ids=["columns", "chunks"])
+def test_decodes_ahead_checks_have_something_to_check(vector_decodes_from: int) -> None:
+    """Guards the test above against checking nothing: here decodes go ahead, and KV blocks
+    run short so sequences are preempted too."""
+    requests = [Request(0, 30, 40) for _ in range(6)] + [Request(5, 100, 20)]
+    checkers: list[Checker] = []
+    run("sarathi", 1, 64, 40, requests, vector_decodes_from, {60: 2},
+        checker_out=checkers, config_overrides={"decode_ahead": True})  # fmt: skip
+    counts = checkers[0].counts
+    assert counts.get("ahead", 0) > 100, counts
+    assert checkers[0].sched.num_preemptions > 0

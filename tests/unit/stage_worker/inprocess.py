@@ -75,6 +75,8 @@ class Outcome:
     """seq_id -> prompt position -> the last stage's log-probabilities of that prompt token."""
     num_preemptions: int = 0
     num_batches: int = 0
+    num_ahead: int = 0
+    """Decodes that went ahead of their input token (decode_ahead)."""
 
 
 def make_scheduler(
@@ -82,8 +84,10 @@ def make_scheduler(
     budget_tokens: int,
     tile_tokens: int,
     vector_decodes_from: int | None,
+    decode_ahead: bool = False,
 ) -> Scheduler:
-    """A scheduler sized to the runners' KV cache, one micro-batch in flight per stage."""
+    """A scheduler sized to the runners' KV cache, one micro-batch in flight per stage (and one
+    more with decode_ahead)."""
     cache = runners[0].kv_cache
     return Scheduler(
         SchedulerConfig(
@@ -91,6 +95,7 @@ def make_scheduler(
             tile_tokens=tile_tokens,
             max_num_seqs=min(16, budget_tokens),
             pipeline_depth=len(runners),
+            decode_ahead=decode_ahead,
         ),
         CacheConfig(block_size=cache.block_size, num_blocks=cache.num_blocks, watermark=0.0),
         VECTOR_DECODES_FROM if vector_decodes_from is None else vector_decodes_from,
@@ -129,13 +134,17 @@ def generate(
     vector_decodes_from: int | None = None,
     sampling: SamplingParams | None = None,
     stop_token_ids: frozenset[int] = frozenset(),
+    decode_ahead: bool = False,
 ) -> Outcome:
     """Runs the prompts to max_tokens tokens each. Up to pp micro-batches are scheduled before any
     result returns, as in a real pipeline, then each passes through every stage in order; logits
     of every sampled position are kept for comparison. vector_decodes_from: the scheduler's
     threshold for sending decodes as packed columns (1: always); sampling: greedy when None,
-    else these parameters with the seed plus the request's index."""
-    scheduler = make_scheduler(runners, budget_tokens, tile_tokens, vector_decodes_from)
+    else these parameters with the seed plus the request's index. decode_ahead: the engine's
+    order instead, a micro-batch scheduled after each result (SchedulerConfig.decode_ahead)."""
+    scheduler = make_scheduler(
+        runners, budget_tokens, tile_tokens, vector_decodes_from, decode_ahead
+    )
     for seq_id, prompt in enumerate(prompts):
         params = RequestParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids)
         if sampling is not None:  # each request its own seed: the base seed plus its index
@@ -143,6 +152,9 @@ def generate(
             params = dataclasses.replace(params, sampling=seeded)
         scheduler.add_request(seq_id, prompt, params, now=0.0)
     out = Outcome({i: [] for i in range(len(prompts))})
+    if decode_ahead:
+        _run_as_the_engine(runners, scheduler, out)
+        return out
     now = 0.0
     while scheduler.has_unfinished:
         batches = []
@@ -158,3 +170,23 @@ def generate(
         scheduler.check_invariants()
     out.num_preemptions = scheduler.num_preemptions
     return out
+
+
+def _run_as_the_engine(runners: list[StageRunner], scheduler: Scheduler, out: Outcome) -> None:
+    """As the engine: schedule while the scheduler gives micro-batches, then complete the
+    oldest in flight, apply its result and schedule again."""
+    inflight: list[MicroBatch] = []
+    now = 0.0
+    while scheduler.has_unfinished:
+        while (batch := scheduler.schedule(now)) is not None:
+            inflight.append(batch)
+        assert inflight, "scheduler stalled"
+        batch = inflight.pop(0)
+        sampled = run_through_stages(runners, batch, out)
+        now += 1.0
+        for seq in scheduler.on_result(batch.batch_id, sampled, now):
+            out.tokens[seq.seq_id] = list(seq.output_token_ids)
+        out.num_batches += 1
+        out.num_ahead += sum(1 for c in batch.chunks if c.ahead)
+        scheduler.check_invariants()
+    out.num_preemptions = scheduler.num_preemptions

@@ -259,6 +259,8 @@ def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
         flags += ["--tbt-slo", str(args.tbt_slo)]
     if not args.spread_prompts:
         flags.append("--no-spread-prompts")
+    if not args.decode_ahead:
+        flags.append("--no-decode-ahead")
     return tuple(flags)
 
 

@@ -1,0 +1,94 @@
+"""Decodes that go ahead of their input token (SchedulerConfig.decode_ahead): the micro-batches
+they make, the token after a stop token dropped, and prefix names kept to known tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.scheduler import ConfigError, FinishReason, RequestParams
+from tests.unit.scheduler.factories import (
+    FakePipeline,
+    add_request,
+    chunk_map,
+    create_scheduler,
+    token_for,
+)
+
+
+def ahead_ids(batch: object) -> list[int]:
+    return [c.seq_id for c in batch.chunks if c.ahead]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("vector_decodes_from", [1, 1 << 30], ids=["columns", "chunks"])
+def test_each_decode_goes_while_the_one_before_is_in_flight(vector_decodes_from: int) -> None:
+    sched = create_scheduler(decode_ahead=True, vector_decodes_from=vector_decodes_from)
+    add_request(sched, 1, prompt_len=5, max_tokens=4)
+    pipe = FakePipeline(sched)
+    [prompt] = pipe.fill()  # nothing to go ahead of: the first token comes from the prompt
+    assert chunk_map(prompt) == {1: (0, 5)}
+    pipe.complete_oldest()
+    first, second = pipe.fill()  # a decode, and the next one ahead of its token
+    assert chunk_map(first) == {1: (5, 1)} and not ahead_ids(first)
+    assert first.chunks[0].token_ids == [token_for(1, 4)]
+    assert chunk_map(second) == {1: (6, 1)} and ahead_ids(second) == [1]
+    assert second.chunks[0].token_ids == []  # the worker has it, the controller not yet
+    assert pipe.fill() == []  # two in flight at PP = 1
+    pipe.complete_oldest()
+    [third] = pipe.fill()
+    assert chunk_map(third) == {1: (7, 1)} and ahead_ids(third) == [1]
+    pipe.complete_oldest()
+    assert pipe.fill() == []  # the token in flight is its last (max_tokens 4): none goes past it
+    pipe.complete_oldest()
+    seq = sched.get(1)
+    assert seq is None
+    assert sched.block_manager.num_free == sched.block_manager.num_blocks
+    sched.check_invariants()
+
+
+def test_the_token_after_a_stop_token_is_dropped() -> None:
+    sched = create_scheduler(decode_ahead=True)
+    stop = token_for(1, 5)  # the second output token (it follows position 5)
+    seq = sched.add_request(
+        1, list(range(5)), RequestParams(max_tokens=10, stop_token_ids=frozenset({stop})), 0.0
+    )
+    add_request(sched, 2, prompt_len=3, max_tokens=10)
+    pipe = FakePipeline(sched)
+    pipe.fill()
+    pipe.complete_oldest()  # first tokens
+    pipe.fill()
+    pipe.complete_oldest()  # second tokens: 1 stops, with a decode ahead in flight
+    assert seq.finish_reason is FinishReason.STOP and seq.output_token_ids[-1] == stop
+    assert 1 in ahead_ids(pipe.inflight[0])
+    [after] = pipe.fill()
+    assert 1 in after.finished_seq_ids  # the workers forget it once the ahead decode ran
+    assert [s.seq_id for s in pipe.complete_oldest()] == [2]  # 1's token is not applied
+    assert len(seq.output_token_ids) == 2
+    sched.check_invariants()
+    pipe.run_to_completion()
+    assert sched.block_manager.num_free == sched.block_manager.num_blocks
+
+
+def test_an_abort_with_a_decode_ahead_names_only_known_tokens() -> None:
+    """A decode ahead computes a position whose token the scheduler does not have: aborted
+    then (a stop string, a cancel), the sequence's blocks are named up to its known tokens."""
+    sched = create_scheduler(decode_ahead=True, block_size=4)
+    seq = add_request(sched, 1, prompt_len=6, max_tokens=10)
+    pipe = FakePipeline(sched)
+    pipe.fill()
+    pipe.complete_oldest()  # 7 tokens known, 6 computed
+    pipe.fill()  # positions 6 and 7 (ahead): computed reaches 8, a full second block
+    assert seq.num_computed_tokens == 8 and seq.num_tokens == 7
+    first, second = seq.block_ids
+    sched.abort(1)
+    # The second block holds position 7, whose token is still in flight: it stays unnamed.
+    bm = sched.block_manager
+    assert bm.hash_of(first) is not None and bm.hash_of(second) is None
+    assert len(seq.block_hashes) == 1
+    while pipe.inflight:
+        assert pipe.complete_oldest() == []
+    sched.check_invariants()
+
+
+def test_decodes_ahead_need_one_stage() -> None:
+    with pytest.raises(ConfigError, match="decode_ahead"):
+        create_scheduler(decode_ahead=True, pipeline_depth=2)
