@@ -15,39 +15,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sarathi_proto import generate_pb2, generate_pb2_grpc
+from sarathi_proto import generate_pb2
 
 from tests.integration.cluster_factories import make_tiny_served_model, oracle_greedy
+from tests.integration.local_cluster import RunningCluster, generate, local_cluster
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class RunningCluster:
-    proc: subprocess.Popen[bytes]
-    addr: str
-    model_dir: Path
-    channel: grpc.Channel
-    log_dir: Path
-
-    @property
-    def stub(self) -> generate_pb2_grpc.GenerationStub:
-        return generate_pb2_grpc.GenerationStub(self.channel)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _processes_using(marker: str) -> list[int]:
@@ -68,46 +45,12 @@ def _processes_using(marker: str) -> list[int]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-llama")
-    port = _free_port()
-    log_dir = tmp_path_factory.mktemp("logs")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "sarathictl.cli", "up", "--local", "--pp", "2", "--tp", "2",
-            "--model", str(model_dir), "--port", str(port), "--budget", "64",
-            "--kv-cache-mb", "16", "--log-dir", str(log_dir), "--dtype", "float32",
-            "--layer-split", "3,1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    addr = f"127.0.0.1:{port}"
-    channel = grpc.insecure_channel(addr)
-    health = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + 240
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"sarathictl up exited early:\n{proc.stdout.read().decode()}")  # type: ignore[union-attr]
-        try:
-            if (
-                health.Check(
-                    health_pb2.HealthCheckRequest(service="sarathi.v1.Generation"), timeout=1
-                ).status
-                == 1
-            ):
-                break
-        except grpc.RpcError:
-            pass
-        assert time.monotonic() < deadline, "cluster did not become healthy"
-        time.sleep(0.5)
-    yield RunningCluster(proc, addr, model_dir, channel, log_dir)
-    channel.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
-def generate(cluster: RunningCluster, **fields: object) -> list[generate_pb2.GenerateResponse]:
-    return list(cluster.stub.Generate(generate_pb2.GenerateRequest(**fields), timeout=120))
+    up_args = [
+        "--pp", "2", "--tp", "2", "--budget", "64", "--kv-cache-mb", "16", "--dtype", "float32",
+        "--layer-split", "3,1",
+    ]  # fmt: skip
+    with local_cluster(model_dir, tmp_path_factory.mktemp("logs"), up_args) as running:
+        yield running
 
 
 PROMPTS = [[5, 17, 33, 80, 101, 7, 9], list(range(40, 140)), [250, 3, 3, 3], list(range(1, 70))]

@@ -27,7 +27,8 @@ from sarathi_proto import generate_pb2, generate_pb2_grpc
 from sarathictl.client import Client, RetryPolicy
 
 from tests.integration.cluster_factories import make_tiny_served_model
-from tests.integration.test_local_cluster import _free_port, _processes_using
+from tests.integration.local_cluster import free_port as _free_port
+from tests.integration.test_local_cluster import _processes_using
 
 pytestmark = pytest.mark.integration
 
