@@ -80,6 +80,9 @@ def cluster_for(args: argparse.Namespace, scenarios: list[Scenario]) -> LocalClu
         )
     if needed > DEFAULT_MAX_NUM_SEQS:
         config = dataclasses.replace(config, max_num_seqs=needed)
+    if args.no_decode_ahead:
+        extra = (*config.extra_controller_args, "--no-decode-ahead")
+        config = dataclasses.replace(config, extra_controller_args=extra)
     return config
 
 
@@ -198,6 +201,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--window-tokens", type=positive, default=32, help="tokens per request measured")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="prompt token ids' seed")
+    p.add_argument(
+        "--no-decode-ahead",
+        action="store_true",
+        help="PP=1: schedule each decode only once its token is back (default: ahead of it, "
+        "as `up` does; the two side by side show what going ahead saves)",
+    )
     p.add_argument(
         "--vllm-tpot-ms",
         type=float_above(0.0),
