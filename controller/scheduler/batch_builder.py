@@ -34,9 +34,15 @@ class BatchBuilder:
         self._decodes_added = False
         self.num_tokens = 0
         config = scheduler.config
-        self.idle = bool(config.idle_budget_tokens) and scheduler.roster.size == 0
-        """No sequence decodes (idle_budget_tokens is only set with PP = 1, where nothing is in
-        flight now): TBT is not at stake, and the micro-batch takes the idle budget."""
+        self.idle = (
+            bool(config.idle_budget_tokens)
+            and scheduler.roster.size == 0
+            and not scheduler.num_inflight_batches
+        )
+        """No sequence decodes, nor can one start while this micro-batch runs (idle_budget_tokens
+        is only set with PP = 1, and nothing is in flight: with decodes ahead a micro-batch is
+        built while another runs, whose last prompt chunks would yield first tokens): TBT is not
+        at stake, and the micro-batch takes the idle budget."""
         self.budget_tokens = config.idle_budget_tokens if self.idle else config.budget_tokens
         self.num_decodes = 0
         """Decodes add_decodes put in (as a block or as chunks)."""

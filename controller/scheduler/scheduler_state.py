@@ -35,6 +35,9 @@ class SchedulerState(Protocol):
     spread_decodes: bool
     spread_prompts: bool
 
+    @property
+    def num_inflight_batches(self) -> int: ...
+
     def admit(self, seq: Sequence) -> None: ...
 
     def join_roster(self, seq: Sequence) -> None: ...

@@ -164,6 +164,9 @@ class Checker:
                 self.count("idle budget")
             limit = cfg.idle_budget_tokens if idle else cfg.budget_tokens
             assert batch.num_tokens <= limit, "micro-batch over the token budget"
+            if batch.num_tokens > cfg.budget_tokens:
+                # Nor may a sequence start decoding while it runs: nothing else is in flight.
+                assert self.sched.num_inflight_batches == 1, "idle budget beside another"
         assert batch.num_tokens == sum(c.num_tokens for c in batch.chunks)
         for seq_id in batch.finished_seq_ids:
             seq = self.sched.get(seq_id)
@@ -392,6 +395,7 @@ def test_policies_keep_their_promises(
     num_blocks=st.sampled_from([61, 400]),
     requests=requests_strategy,
     abort_steps=st.dictionaries(st.integers(1, 200), st.integers(0, 23), max_size=3),
+    decode_ahead=st.booleans(),
 )
 def test_promises_hold_with_an_idle_budget(
     policy: str,
@@ -400,10 +404,12 @@ def test_promises_hold_with_an_idle_budget(
     num_blocks: int,
     requests: list[Request],
     abort_steps: dict[int, int],
+    decode_ahead: bool,
 ) -> None:
     """PP=1 with larger micro-batches while nothing decodes: the same promises (no stall, the
-    budget whenever a decode runs, every output complete), under preemption and aborts."""
-    overrides = {"idle_budget_tokens": budget * idle_factor}
+    budget whenever a decode runs or may start while it runs, every output complete), under
+    preemption and aborts, with decodes ahead of their tokens or not."""
+    overrides = {"idle_budget_tokens": budget * idle_factor, "decode_ahead": decode_ahead}
     run(policy, 1, budget, num_blocks, requests, 3, abort_steps, config_overrides=overrides)
 
 
