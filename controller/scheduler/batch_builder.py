@@ -131,6 +131,8 @@ class BatchBuilder:
         self._decodes_added = True
         first_chunk = len(self.chunks)
         added = self._add_decodes(capped)
+        if self._sched.config.decode_ahead and self._sched.not_decoding:
+            added += self._add_first_decodes_ahead(capped)
         self.num_decodes = added
         if self.step_cost is not None and added:
             # A decode at position q attends q + 1 keys.
@@ -138,6 +140,37 @@ class BatchBuilder:
             if self.decodes is not None:
                 contexts += int(self.decodes.positions.sum()) + len(self.decodes.seq_ids)
             self.predicted_s += self.step_cost.decodes_s(added, contexts)
+        return added
+
+    def _add_first_decodes_ahead(self, capped: bool) -> int:
+        """With decodes ahead: the first decode of each sequence whose one thing in flight is
+        the chunk that yields its first token (a prompt's last chunk, a recompute's), which the
+        worker feeds it. Otherwise that decode could only go into the micro-batch after the
+        next, and the sequence's first two tokens would come two steps apart."""
+        sched = self._sched
+        bs = sched.block_manager.block_size
+        added = 0
+        for seq in tuple(sched.not_decoding.values()):
+            if capped and self.num_tokens + added >= self.budget_tokens:
+                break
+            position = seq.num_computed_tokens
+            if position != seq.num_tokens or seq.num_inflight_batches != 1:
+                continue  # prefilling, or preempted by a decode of this loop
+            if position + 1 >= len(seq.prompt_token_ids) + seq.max_tokens:
+                continue  # the token in flight is its last by length
+            new_block_ids: tuple[int, ...] = ()
+            if position >= len(seq.block_ids) * bs:
+                block_id = sched.grow_by_one_block(seq)
+                if block_id is None:
+                    continue
+                new_block_ids = (block_id,)
+            seq.num_computed_tokens = position + 1
+            seq.num_inflight_batches += 1
+            self.chunks.append(
+                ScheduledChunk(seq.seq_id, position, 1, True, new_block_ids, [], None, None, True)
+            )
+            added += 1
+        self.num_tokens += added
         return added
 
     def _time_limited(self, first_position: int, limit: int) -> int:

@@ -323,9 +323,10 @@ class Scheduler:
             seq.first_token_time = now
         seq.last_token_time = now
         if not self._finish_if_last(seq, token_id) and (
-            seq._roster is None and seq.num_uncomputed_tokens == 1
+            seq._roster is None and seq.num_uncomputed_tokens <= 1
         ):
-            self.join_roster(seq)  # its prompt is computed: it decodes from now on
+            # Its prompt is computed: it decodes from now on (0: its first decode went ahead).
+            self.join_roster(seq)
 
     def _finish_if_last(self, seq: Sequence, token_id: int) -> bool:
         """Ends seq if token_id, just appended, is its last: by length first, then by stop id."""
@@ -599,7 +600,7 @@ class Scheduler:
             assert seq.status is SequenceStatus.RUNNING, seq
             assert len(seq.block_ids) * bs >= seq.num_computed_tokens, f"{seq} lacks KV blocks"
             # A decode gone ahead computes the position of a token still in flight.
-            ahead = seq._roster is not None and self.config.decode_ahead
+            ahead = self.config.decode_ahead
             assert seq.num_computed_tokens <= seq.num_tokens + ahead, seq
         for seq in self.waiting:
             assert seq.status is SequenceStatus.WAITING and not seq.block_ids, seq

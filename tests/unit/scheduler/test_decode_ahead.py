@@ -24,15 +24,15 @@ def test_each_decode_goes_while_the_one_before_is_in_flight(vector_decodes_from:
     sched = create_scheduler(decode_ahead=True, vector_decodes_from=vector_decodes_from)
     add_request(sched, 1, prompt_len=5, max_tokens=4)
     pipe = FakePipeline(sched)
-    [prompt] = pipe.fill()  # nothing to go ahead of: the first token comes from the prompt
-    assert chunk_map(prompt) == {1: (0, 5)}
-    pipe.complete_oldest()
-    first, second = pipe.fill()  # a decode, and the next one ahead of its token
-    assert chunk_map(first) == {1: (5, 1)} and not ahead_ids(first)
-    assert first.chunks[0].token_ids == [token_for(1, 4)]
-    assert chunk_map(second) == {1: (6, 1)} and ahead_ids(second) == [1]
-    assert second.chunks[0].token_ids == []  # the worker has it, the controller not yet
+    # The prompt, and its first decode, fed the token the prompt yields.
+    prompt, first = pipe.fill()
+    assert chunk_map(prompt) == {1: (0, 5)} and not ahead_ids(prompt)
+    assert chunk_map(first) == {1: (5, 1)} and ahead_ids(first) == [1]
+    assert first.chunks[0].token_ids == []  # the worker has it, the controller not yet
     assert pipe.fill() == []  # two in flight at PP = 1
+    pipe.complete_oldest()
+    [second] = pipe.fill()
+    assert chunk_map(second) == {1: (6, 1)} and ahead_ids(second) == [1]
     pipe.complete_oldest()
     [third] = pipe.fill()
     assert chunk_map(third) == {1: (7, 1)} and ahead_ids(third) == [1]
