@@ -1,6 +1,7 @@
-"""Decodes ahead of their tokens, live: `sarathictl up --local --pp 1 --tp 2` (where they are on
-by default), checked over gRPC against transformers and against the same cluster with
---no-decode-ahead. Both TP ranks sample, so both must feed the same token to the next step."""
+"""Decodes ahead of their tokens, live: `sarathictl up --local --pp 1 --tp 2 --decode-ahead`
+(on a CPU `up` leaves them off unless asked), checked over gRPC against transformers and
+against the same cluster with --no-decode-ahead. Both TP ranks sample, so both must feed the
+same token to the next step."""
 
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster(
     request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningCluster]:
-    args = UP_ARGS if request.param else [*UP_ARGS, "--no-decode-ahead"]
+    args = [*UP_ARGS, "--decode-ahead" if request.param else "--no-decode-ahead"]
     with local_cluster(model_dir, tmp_path_factory.mktemp("logs"), args) as running:
         yield running
 
 
 def test_the_controller_says_whether_decodes_go_ahead(cluster: RunningCluster) -> None:
-    ahead = "--no-decode-ahead" not in cluster.proc.args  # type: ignore[operator]
+    ahead = "--decode-ahead" in cluster.proc.args  # type: ignore[operator]
     log = (cluster.log_dir / "controller.log").read_text()
     assert f"decodes ahead={'on' if ahead else 'off'}" in log
 

@@ -56,6 +56,7 @@ def test_budget_flags_reach_the_controller() -> None:
 
     parser = argparse.ArgumentParser()
     up.add_budget_flags(parser)
+    parser.set_defaults(device="cuda", decode_ahead=None)  # as up's parser: its own pick
     assert up.budget_args(parser.parse_args([])) == ()
     args = parser.parse_args(["--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5"])
     assert up.budget_args(args) == ("--step-cost", "0.01,1e-4,1e-8", "--tbt-slo", "0.5")
@@ -244,3 +245,29 @@ def test_worker_flags_reach_every_worker_and_only_known_ones(tmp_path: Path) -> 
 )  # fmt: skip
 def test_a_client_here_dials_loopback_for_a_wildcard_host(host: str, dialed: str) -> None:
     assert connect_host(host) == dialed
+
+
+def test_decodes_go_ahead_where_the_controller_has_cores_to_itself() -> None:
+    """On a CPU the workers compute on every core, which the controller's work would share if
+    it overlapped their steps; on a GPU it does not; asked, either way."""
+    import argparse
+
+    from controller.__main__ import build_parser, scheduler_config
+
+    assert up.decode_ahead_for("cpu", None)[0] is False
+    assert "shares the CPU cores" in up.decode_ahead_for("cpu", None)[1]
+    assert up.decode_ahead_for("cuda", None)[0] is True
+    assert up.decode_ahead_for("cpu", True) == (True, "as asked")
+    parser = argparse.ArgumentParser()
+    up.add_budget_flags(parser)
+    parser.set_defaults(device="cpu", decode_ahead=None)
+    assert up.budget_args(parser.parse_args([])) == ("--no-decode-ahead",)
+    assert up.budget_args(parser.parse_args(["--decode-ahead"])) == ()
+    base = ["--model", "m", "--pp", "1"]
+    off = build_parser().parse_args([*base, "--no-decode-ahead"])
+    assert not scheduler_config(off, 4096).decode_ahead
+    assert scheduler_config(build_parser().parse_args(base), 4096).decode_ahead
+    # a pipeline never goes ahead, whatever the flag says
+    assert not scheduler_config(
+        build_parser().parse_args(["--model", "m", "--pp", "2"]), 4096
+    ).decode_ahead

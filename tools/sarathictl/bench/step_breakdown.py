@@ -69,7 +69,7 @@ def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
 
 def cluster_for(args: argparse.Namespace, scenarios: list[Scenario]) -> LocalClusterConfig:
     """`up --local`'s configuration, with room for the largest scenario's requests."""
-    from sarathictl.commands.up import cluster_config
+    from sarathictl.commands.up import cluster_config, decode_ahead_for
 
     config = cluster_config(args, port=0)
     needed = max(s.decodes + s.prefill_streams for s in scenarios)
@@ -80,9 +80,14 @@ def cluster_for(args: argparse.Namespace, scenarios: list[Scenario]) -> LocalClu
         )
     if needed > DEFAULT_MAX_NUM_SEQS:
         config = dataclasses.replace(config, max_num_seqs=needed)
-    if args.no_decode_ahead:
-        extra = (*config.extra_controller_args, "--no-decode-ahead")
-        config = dataclasses.replace(config, extra_controller_args=extra)
+    ahead = (
+        "--decode-ahead"
+        if decode_ahead_for(args.device, args.decode_ahead)[0]
+        else "--no-decode-ahead"
+    )
+    config = dataclasses.replace(
+        config, extra_controller_args=(*config.extra_controller_args, ahead)
+    )
     return config
 
 
@@ -202,10 +207,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--window-tokens", type=positive, default=32, help="tokens per request measured")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="prompt token ids' seed")
     p.add_argument(
-        "--no-decode-ahead",
-        action="store_true",
-        help="PP=1: schedule each decode only once its token is back (default: ahead of it, "
-        "as `up` does; the two side by side show what going ahead saves)",
+        "--decode-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PP=1: schedule each decode while its token is still being computed, or only once "
+        "it is back (default: as `up` picks, on a GPU only; the two side by side show what "
+        "going ahead saves)",
     )
     p.add_argument(
         "--vllm-tpot-ms",

@@ -245,7 +245,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_budget_flags(p)
     # up alone picks the depth and the budgets for the machine (default_layout); the benchmarks
     # and demo keep PP=2 and LOCAL_BUDGET_TOKENS
-    p.set_defaults(run=run, pp=None, budget=None, idle_budget=None)
+    p.set_defaults(run=run, pp=None, budget=None, idle_budget=None, decode_ahead=None)
 
 
 def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -259,9 +259,26 @@ def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
         flags += ["--tbt-slo", str(args.tbt_slo)]
     if not args.spread_prompts:
         flags.append("--no-spread-prompts")
-    if not args.decode_ahead:
+    if not decode_ahead_for(args.device, args.decode_ahead)[0]:
         flags.append("--no-decode-ahead")
     return tuple(flags)
+
+
+def decode_ahead_for(device: str, asked: bool | None) -> tuple[bool, str]:
+    """Whether a local cluster's controller schedules decodes ahead of their tokens (PP=1),
+    and why. Going ahead overlaps the controller's work with the stage's step: on a CPU whose
+    every core the workers use, the two then share the cores, and under load that cost more
+    than the wait it saves (BENCHMARKS.md, issue 30 session 38); on a GPU the step does not
+    need the CPU cores."""
+    if asked is not None:
+        return asked, "as asked"
+    if device == "cpu":
+        return False, (
+            "the controller shares the CPU cores the workers compute on: measured on a 2-core "
+            "EPYC, going ahead cut a lone decode's TPOT to 0.84x but served 0.88x the requests "
+            "at saturation (--decode-ahead to choose)"
+        )
+    return True, "the stage computes on the GPU, so the controller's work overlaps its step"
 
 
 def add_layout_file_flag(p: argparse.ArgumentParser) -> None:
@@ -334,6 +351,11 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, extra_controller_args=extra)
     cluster = LocalCluster(config)
     print(describe_layout(config, args), file=sys.stderr)
+    if config.pp == 1:
+        ahead, why = decode_ahead_for(args.device, args.decode_ahead)
+        print(
+            f"  decodes ahead of their tokens: {'on' if ahead else 'off'}: {why}", file=sys.stderr
+        )
     print(f"starting controller and {config.pp}x{config.tp} workers ...", file=sys.stderr)
     stop = threading.Event()
     try:
