@@ -156,7 +156,7 @@ class BatchBuilder:
             position = seq.num_computed_tokens
             if position != seq.num_tokens or seq.num_inflight_batches != 1:
                 continue  # prefilling, or preempted by a decode of this loop
-            if position + 1 >= len(seq.prompt_token_ids) + seq.max_tokens:
+            if position + 1 >= seq.max_num_tokens:
                 continue  # the token in flight is its last by length
             new_block_ids: tuple[int, ...] = ()
             if position >= len(seq.block_ids) * bs:

@@ -46,7 +46,7 @@ class DecodeRoster:
         """-1 marks a free slot."""
         self._alloc_counters(capacity)
         self.max_num_tokens: IntArray = np.zeros(capacity, np.int64)
-        """Prompt plus max_tokens: the sequence finishes by length when num_tokens reaches it."""
+        """Each member's Sequence.max_num_tokens, as a column."""
         self.admit_no: IntArray = np.zeros(capacity, np.int64)
         """Admission counter: the roster's order is the scheduler's `running` order."""
         self.num_leaves = 0
@@ -106,7 +106,7 @@ class DecodeRoster:
         self.py_num_tokens[slot] = seq.num_tokens
         self.py_inflight[slot] = seq._num_inflight_batches
         self.py_kv_capacity[slot] = len(seq.block_ids) * self.block_size
-        self.max_num_tokens[slot] = len(seq.prompt_token_ids) + seq.max_tokens
+        self.max_num_tokens[slot] = seq.max_num_tokens
         self.admit_no[slot] = admit_no
         last = seq._last_token_time
         self.py_last_token_time[slot] = 0.0 if last is None else last
@@ -208,7 +208,7 @@ class DecodeRoster:
             assert self.last_token[slot] == seq.output_token_ids[-1], seq
             assert self.block_lists[slot] is seq.block_ids, seq
             assert self.kv_capacity[slot] == len(seq.block_ids) * self.block_size, seq
-            assert self.max_num_tokens[slot] == len(seq.prompt_token_ids) + seq.max_tokens, seq
+            assert self.max_num_tokens[slot] == seq.max_num_tokens, seq
             passes = self.passes[slot]
             assert passes >= 0 and (not passes or self.computed[slot] < seq.num_tokens), seq
         assert self.num_passed == np.count_nonzero(self.passes[slots])

@@ -200,6 +200,11 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def max_num_tokens(self) -> int:
+        """Prompt plus max_tokens: the sequence finishes by length when num_tokens reaches it."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+    @property
     def num_computed_tokens(self) -> int:
         roster = self._roster
         if roster is None:
