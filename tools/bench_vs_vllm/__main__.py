@@ -34,6 +34,7 @@ from bench_vs_vllm.client import (
     trace_workload,
 )
 from bench_vs_vllm.dataset import MultiTurn, write_multi_turn_dataset, write_trace_dataset
+from bench_vs_vllm.pipeline_bound import all_bound_tables
 from bench_vs_vllm.plot import plot
 from bench_vs_vllm.results import (
     MAX_MEDIAN_TTFT_S,
@@ -436,6 +437,7 @@ def write_report(args: argparse.Namespace, rows: list[Row], meta: dict[str, obje
         + section(TTFT_SPLIT_INTRO, ttft_split_table(rows))
         + section(BUBBLE_INTRO, bubble_table(rows))
         + section(CAUSES_INTRO, all_causes_tables(args.results))
+        + section(BOUND_INTRO, all_bound_tables(args.results))
         + f"\n\n![TPOT and TTFT against request rate]({png.name})\n"
     )
     summary = {
@@ -474,6 +476,14 @@ CAUSES_INTRO = (
     "in flight; one (largely a request alone); two or more with the other stage working on "
     "decodes alone, or on a prompt chunk (the stages' imbalance for that kind, and a "
     "result's trip through the controller); two or more with both stages idle (hand-off)."
+)
+BOUND_INTRO = (
+    "What would give ours' idle time back (pipeline_bound.py): each run's micro-batches "
+    "replayed with every trip between stages and through the controller taking no time. As "
+    "shares of the run's time, beside the stages' mean work: the layer split (the busiest "
+    "stage's work over the mean: no schedule does better on these layers), dependencies "
+    "(micro-batches waiting for the tokens they need, e.g. a request alone), trips (the run "
+    "past the replay), and no requests in the system (idle, not bubble)."
 )
 
 

@@ -23,15 +23,19 @@ is taken on a grid of GRID_S (a few bytes a cell: tens of MB for a ten-minute ru
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from bench_vs_vllm.bubbles import MicroBatchTimes, read_step_log, request_spans
+from bench_vs_vllm.bubbles import (
+    MicroBatchTimes,
+    read_step_log,
+    runs_of,
+    step_log_main,
+    tables_of_ours,
+)
 from bench_vs_vllm.servers import STEP_LOG
 
 GRID_S = 1e-4
@@ -91,11 +95,7 @@ def causes_table(results: Path, system: str) -> str:
         "| run | stage | idle | " + " | ".join(CAUSES) + " |",
         "| --- | ---: | ---: |" + " ---: |" * len(CAUSES),
     ]
-    for raw in sorted((results / "raw").glob(f"{system}_*.json")):
-        if raw.name.endswith(".stages.json"):
-            continue
-        spans = request_spans(json.loads(raw.read_text()))
-        run = raw.stem.removeprefix(f"{system}_")
+    for run, spans in runs_of(results, system):
         for stage, shares in enumerate(idle_causes(batches, spans)):
             cells = " | ".join(f"{100 * shares[c]:.1f}%" for c in CAUSES)
             lines.append(f"| {run} | {stage} | {100 * sum(shares.values()):.1f}% | {cells} |")
@@ -103,23 +103,12 @@ def causes_table(results: Path, system: str) -> str:
 
 
 def all_causes_tables(results: Path) -> str:
-    """causes_table for each pipeline of ours in `results` (each with a step log), under its
-    name; "" where there is none."""
-    stages = results / "stages"
-    names = sorted(f.name for f in stages.glob("*") if (f / STEP_LOG).is_file())
-    return "\n\n".join(f"{name}:\n\n{causes_table(results, name)}" for name in names)
+    """causes_table for each system of ours in `results`, under its name; "" where there is none."""
+    return tables_of_ours(results, causes_table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path, help="a `make bench-vs-vllm` results folder")
-    p.add_argument("--system", default="sarathi-pp2", help="ours' pipeline's name there")
-    args = p.parse_args(argv)
-    step_log = args.results / "stages" / args.system / STEP_LOG
-    if not step_log.is_file():
-        p.error(f"{step_log}: no step log (was {args.system} run as a pipeline there?)")
-    print(causes_table(args.results, args.system))
-    return 0
+    return step_log_main(__doc__, causes_table, argv)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ beside the bubble (`steady_lone_fraction`), for both servers alike, from the req
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,3 +169,37 @@ def run_bubbles(stages: Sequence[Steps], spans: Sequence[tuple[float, float]]) -
         )
         lone = lone_fraction(stages, spans, steady_lo, steady_hi)
     return RunBubbles(whole, steady, busy, lone)
+
+
+def runs_of(results: Path, system: str) -> Iterator[tuple[str, list[tuple[float, float]]]]:
+    """Each run of `system` in a results folder, in name order: its name (workload_rate) and
+    its requests' spans (request_spans)."""
+    for raw in sorted((results / "raw").glob(f"{system}_*.json")):
+        if not raw.name.endswith(".stages.json"):
+            run = raw.stem.removeprefix(f"{system}_")
+            yield run, request_spans(json.loads(raw.read_text()))
+
+
+SystemTable = Callable[[Path, str], str]
+"""A markdown table of one system's runs in a results folder: (results, system) -> table."""
+
+
+def tables_of_ours(results: Path, table: SystemTable) -> str:
+    """`table` for each system of ours in `results` (each with a step log), under its name; ""
+    where there is none."""
+    stages = results / "stages"
+    names = sorted(f.name for f in stages.glob("*") if (f / STEP_LOG).is_file())
+    return "\n\n".join(f"{name}:\n\n{table(results, name)}" for name in names)
+
+
+def step_log_main(doc: str, table: SystemTable, argv: Sequence[str] | None) -> int:
+    """The command line of a step-log analysis: RESULTS [--system S] prints S's table."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a `make bench-vs-vllm` results folder")
+    p.add_argument("--system", default="sarathi-pp2", help="ours' system's name there")
+    args = p.parse_args(argv)
+    step_log = args.results / "stages" / args.system / STEP_LOG
+    if not step_log.is_file():
+        p.error(f"{step_log}: no step log (was {args.system} run there?)")
+    print(table(args.results, args.system))
+    return 0
