@@ -61,7 +61,6 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="PP=1: schedule each decode's next step while its token is still being computed, "
         "so the stage finds its next plan waiting instead of idling while the controller "
-        "applies the result (the worker feeds in the token it sampled; the controller's "
-        "default is on; `sarathictl up --local` on a CPU turns it off, since the controller "
-        "then shares the workers' cores: BENCHMARKS.md, issue 30 session 38)",
+        "applies the result (the worker feeds in the token it sampled; default on; measured "
+        "on a 2-core CPU: BENCHMARKS.md, issue 30 sessions 38 and 39)",
     )

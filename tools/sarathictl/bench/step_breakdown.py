@@ -80,11 +80,7 @@ def cluster_for(args: argparse.Namespace, scenarios: list[Scenario]) -> LocalClu
         )
     if needed > DEFAULT_MAX_NUM_SEQS:
         config = dataclasses.replace(config, max_num_seqs=needed)
-    ahead = (
-        "--decode-ahead"
-        if decode_ahead_for(args.device, args.decode_ahead)[0]
-        else "--no-decode-ahead"
-    )
+    ahead = "--decode-ahead" if decode_ahead_for(args.decode_ahead)[0] else "--no-decode-ahead"
     config = dataclasses.replace(
         config, extra_controller_args=(*config.extra_controller_args, ahead)
     )
@@ -211,8 +207,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="PP=1: schedule each decode while its token is still being computed, or only once "
-        "it is back (default: as `up` picks, on a GPU only; the two side by side show what "
-        "going ahead saves)",
+        "it is back (default: as `up` picks, on; the two side by side show what going ahead "
+        "saves)",
     )
     p.add_argument(
         "--vllm-tpot-ms",

@@ -259,26 +259,20 @@ def budget_args(args: argparse.Namespace) -> tuple[str, ...]:
         flags += ["--tbt-slo", str(args.tbt_slo)]
     if not args.spread_prompts:
         flags.append("--no-spread-prompts")
-    if not decode_ahead_for(args.device, args.decode_ahead)[0]:
+    if not decode_ahead_for(args.decode_ahead)[0]:
         flags.append("--no-decode-ahead")
     return tuple(flags)
 
 
-def decode_ahead_for(device: str, asked: bool | None) -> tuple[bool, str]:
+def decode_ahead_for(asked: bool | None) -> tuple[bool, str]:
     """Whether a local cluster's controller schedules decodes ahead of their tokens (PP=1),
-    and why. Going ahead overlaps the controller's work with the stage's step: on a CPU whose
-    every core the workers use, the two then share the cores, and under load that cost more
-    than the wait it saves (BENCHMARKS.md, issue 30 session 38); on a GPU the step does not
-    need the CPU cores."""
+    and why. On by default on a CPU too: the stage finds its next plan waiting, which on the
+    2-core Zen 3 EPYC cut TPOT to 0.85x-0.87x at 8 streams, and at saturation the
+    controller's work, which then overlaps the step on the same cores, cost 0.94x-0.99x the
+    requests, within the runs' spread (BENCHMARKS.md, issue 30 sessions 38 and 39)."""
     if asked is not None:
         return asked, "as asked"
-    if device == "cpu":
-        return False, (
-            "the controller shares the CPU cores the workers compute on: measured on a 2-core "
-            "EPYC, going ahead cut a lone decode's TPOT to 0.84x but served 0.88x the requests "
-            "at saturation (--decode-ahead to choose)"
-        )
-    return True, "the stage computes on the GPU, so the controller's work overlaps its step"
+    return True, "the stage finds its next plan waiting (--no-decode-ahead to wait for each token)"
 
 
 def add_layout_file_flag(p: argparse.ArgumentParser) -> None:
@@ -352,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(config)
     print(describe_layout(config, args), file=sys.stderr)
     if config.pp == 1:
-        ahead, why = decode_ahead_for(args.device, args.decode_ahead)
+        ahead, why = decode_ahead_for(args.decode_ahead)
         print(
             f"  decodes ahead of their tokens: {'on' if ahead else 'off'}: {why}", file=sys.stderr
         )
