@@ -21,6 +21,7 @@ from bench_vs_vllm.pipeline_bound import (
     bound_table,
     main,
     pipeline_times,
+    split_what_if,
 )
 from bench_vs_vllm.servers import STEP_LOG
 
@@ -111,3 +112,17 @@ def test_the_table_has_a_row_a_run_and_a_missing_log_is_named(
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--system", "sarathi-pp3"])
     assert "no step log" in capsys.readouterr().err
+
+
+def test_a_layer_moved_is_replayed_as_a_share_of_the_first_stage_s_steps(tmp_path: Path) -> None:
+    """Stage 0 of FIRST_RUN (2 s a step) as two layers: half a layer moved evens the stages at
+    1.5 s and the replay ends at 6 s, not 7; a whole layer makes stage 1 the heavier (2 s
+    against 1) and the replay ends at 7 again."""
+    (tmp_path / "stages" / "sarathi-pp2").mkdir(parents=True)
+    write_log(tmp_path / "stages" / "sarathi-pp2", FIRST_RUN)
+    (tmp_path / "raw").mkdir()
+    run = {"start_times": [OPENED_AT_S], "latencies": [7.6]}
+    (tmp_path / "raw" / "sarathi-pp2_random-512-128_2qps.json").write_text(json.dumps(run))
+    table = split_what_if(tmp_path, "sarathi-pp2", 2, (0.5, 1)).splitlines()
+    assert table[0] == "| run | 0.5 layers moved | 1 layers moved |"
+    assert table[2] == "| random-512-128_2qps | 0.857x | 1.000x |"

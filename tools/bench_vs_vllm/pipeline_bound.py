@@ -19,14 +19,15 @@ the stages' mean work they add up to it. In the replay a micro-batch starts when
 free, the stage before it has finished it, the result the controller had read last before
 sending it has left the last stage, and the latest request that arrived in between has
 arrived. A run at rate inf has no arrivals after its first, so the replay's only waits are
-the micro-batches' own.
+the micro-batches' own. `split_what_if` replays the same micro-batches with part of the first
+stage's layers on the second, to ask what a different layer split would have given.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sarathictl.bench.metrics import union_s
@@ -107,13 +108,19 @@ def _ready_s(
     return ready
 
 
+def sent_within(
+    batches: Sequence[MicroBatchTimes], spans: Sequence[tuple[float, float]]
+) -> list[MicroBatchTimes]:
+    """The micro-batches of the run whose requests span `spans`: those sent within the span."""
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    return [b for b in batches if lo <= b.sent_s <= hi]
+
+
 def pipeline_times(
     batches: Sequence[MicroBatchTimes], spans: Sequence[tuple[float, float]]
 ) -> PipelineTimes | None:
-    """The run whose requests span `spans`: its micro-batches are those sent within the span;
-    None when it has none."""
-    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
-    run = [b for b in batches if lo <= b.sent_s <= hi]
+    """The run whose requests span `spans` (sent_within); None when it has no micro-batch."""
+    run = sent_within(batches, spans)
     if not run:
         return None
     start, end = min(b.sent_s for b in run), max(b.returned_s for b in run)
@@ -128,6 +135,45 @@ def pipeline_times(
         replay_s=replay_s(run, [s for s, _ in spans]),
         no_requests_s=(end - start) - union_s(spans, start, end),
     )
+
+
+def with_layers_moved(
+    batches: Sequence[MicroBatchTimes], moved: float, first_stage_layers: int
+) -> list[MicroBatchTimes]:
+    """Each micro-batch as it would run with `moved` of the first stage's layers on the second
+    (a fraction: a boundary inside a layer), every layer of the first stage costing the same
+    share of its step (its embedding is not a layer's cost, and is small)."""
+    share = moved / first_stage_layers
+    out = []
+    for batch in batches:
+        (end0, busy0), (end1, busy1), *rest = batch.stage_steps
+        steps = ((end0, busy0 * (1 - share)), (end1, busy1 + busy0 * share), *rest)
+        out.append(replace(batch, stage_steps=steps))
+    return out
+
+
+def split_what_if(
+    results: Path | str, system: str, first_stage_layers: int, moved: Sequence[float]
+) -> str:
+    """A markdown table: each run of `system`'s replay with `moved` layers of its first stage on
+    the second, as a ratio of its replay on the split it ran (pipeline_bound's doc)."""
+    results = Path(results)
+    batches = read_step_log(results / "stages" / system / STEP_LOG)
+    lines = [
+        "| run | " + " | ".join(f"{m:g} layers moved" for m in moved) + " |",
+        "| --- |" + " ---: |" * len(moved),
+    ]
+    for run, spans in runs_of(results, system):
+        mine = sent_within(batches, spans)
+        if not mine:
+            continue
+        arrivals = [s for s, _ in spans]
+        base = replay_s(mine, arrivals)
+        ratios = [
+            replay_s(with_layers_moved(mine, m, first_stage_layers), arrivals) / base for m in moved
+        ]
+        lines.append(f"| {run} | " + " | ".join(f"{r:.3f}x" for r in ratios) + " |")
+    return "\n".join(lines)
 
 
 def bound_table(results: Path, system: str) -> str:
