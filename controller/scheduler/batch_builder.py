@@ -146,9 +146,12 @@ class BatchBuilder:
         """With decodes ahead: the first decode of each sequence whose one thing in flight is
         the chunk that yields its first token (a prompt's last chunk, a recompute's), which the
         worker feeds it. Otherwise that decode could only go into the micro-batch after the
-        next, and the sequence's first two tokens would come two steps apart."""
+        next, and the sequence's first two tokens would come two steps apart. Not behind a chunk
+        of this micro-batch (a policy may add prompt chunks before decodes): the worker samples
+        that chunk's token only after the step, and a sequence goes once a micro-batch."""
         sched = self._sched
         bs = sched.block_manager.block_size
+        in_this_batch = {c.seq_id for c in self.chunks}
         added = 0
         for seq in tuple(sched.not_decoding.values()):
             if capped and self.num_tokens + added >= self.budget_tokens:
@@ -156,6 +159,8 @@ class BatchBuilder:
             position = seq.num_computed_tokens
             if position != seq.num_tokens or seq.num_inflight_batches != 1:
                 continue  # prefilling, or preempted by a decode of this loop
+            if seq.seq_id in in_this_batch:
+                continue
             if position + 1 >= seq.max_num_tokens:
                 continue  # the token in flight is its last by length
             new_block_ids: tuple[int, ...] = ()

@@ -4,8 +4,10 @@ they make, the token after a stop token dropped, and prefix names kept to known 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from controller.scheduler import ConfigError, FinishReason, RequestParams
+from controller.scheduler import ConfigError, FinishReason, MicroBatch, RequestParams
 from tests.unit.scheduler.factories import (
     FakePipeline,
     add_request,
@@ -13,6 +15,12 @@ from tests.unit.scheduler.factories import (
     create_scheduler,
     token_for,
 )
+
+
+def assert_each_sequence_once(batch: MicroBatch) -> None:
+    ids = [c.seq_id for c in batch.chunks]
+    ids += list(batch.decodes.seq_ids) if batch.decodes is not None else []
+    assert len(ids) == len(set(ids)), (batch.batch_id, chunk_map(batch))
 
 
 def ahead_ids(batch: object) -> list[int]:
@@ -87,6 +95,74 @@ def test_an_abort_with_a_decode_ahead_names_only_known_tokens() -> None:
     while pipe.inflight:
         assert pipe.complete_oldest() == []
     sched.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "request_level", "orca", "vllm", "chunked_only"])
+def test_a_sequence_goes_once_a_micro_batch_under_every_policy(policy: str) -> None:
+    """n = 3 choices: the two that fork from the first compute the prompt's last token in a
+    micro-batch of their own. request_level adds that chunk before decodes, and the first
+    decode ahead once went into the same micro-batch behind it (the worker refused the plan:
+    "sequence 2 appears twice", and the pipeline was rebuilt for every such request)."""
+    sched = create_scheduler(policy=policy, decode_ahead=True, block_size=4)
+    params = RequestParams(max_tokens=5)
+    sched.add_request_group([1, 2, 3], list(range(10)), [params] * 3, 0.0)
+    pipe = FakePipeline(sched)
+    done = 0
+    for _ in range(50):
+        for batch in pipe.fill():
+            assert_each_sequence_once(batch)
+            done += 1
+        if not pipe.inflight:
+            break
+        pipe.complete_oldest()
+    assert done > 3 and all(sched.get(i) is None for i in (1, 2, 3))  # all three finished
+    sched.check_invariants()
+
+
+def run_groups(
+    policy: str, groups: list[tuple[int, int, int]], num_blocks: int, ahead: bool
+) -> dict[int, list[int]]:
+    """Requests of n choices each, (prompt length, max tokens, n), all at once, through the
+    fake pipeline; checks that no sequence goes twice into a micro-batch and returns each
+    sequence's output tokens."""
+    sched = create_scheduler(
+        policy=policy, decode_ahead=ahead, block_size=4, num_blocks=num_blocks, max_num_seqs=8
+    )
+    seqs = []
+    for index, (prompt_len, max_tokens, n) in enumerate(groups):
+        ids = [index * 10 + k for k in range(n)]
+        prompt = [index * 100_000 + i for i in range(prompt_len)]
+        seqs += sched.add_request_group(ids, prompt, [RequestParams(max_tokens=max_tokens)] * n, 0)
+    pipe = FakePipeline(sched)
+    for _ in range(10_000):
+        for batch in pipe.fill():
+            assert_each_sequence_once(batch)
+        if not pipe.inflight:
+            break
+        pipe.complete_oldest()
+        sched.check_invariants()
+    assert not sched.has_unfinished
+    assert sched.block_manager.num_free == sched.block_manager.num_blocks
+    return {seq.seq_id: seq.output_token_ids for seq in seqs}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(["sarathi", "request_level", "orca", "vllm", "chunked_only"]),
+    groups=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(1, 3)),
+        min_size=1,
+        max_size=5,
+    ),
+    num_blocks=st.sampled_from([24, 400]),
+)
+def test_choices_of_one_prompt_get_the_tokens_they_get_without_going_ahead(
+    policy: str, groups: list[tuple[int, int, int]], num_blocks: int
+) -> None:
+    """n > 1 (forks of one prompt) under every policy, KV blocks short or not: each sequence
+    once a micro-batch, and every output the one the plain order gives."""
+    ahead = run_groups(policy, groups, num_blocks, True)
+    assert ahead == run_groups(policy, groups, num_blocks, False)
 
 
 def test_decodes_ahead_need_one_stage() -> None:
