@@ -382,7 +382,11 @@ class Engine:
         assert seq.finish_reason is not None
         if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
             text += choice.text.finish()
-        num_output = len(seq.output_token_ids)
+        # With two micro-batches in flight a later result may have been applied (and may have
+        # ended the sequence, by length) before the token that hit the stop string streamed:
+        # the stream ends at that token all the same.
+        reason = FinishReason.STOP if hit_stop else seq.finish_reason
+        num_output = choice.num_streamed if hit_stop else len(seq.output_token_ids)
         request = choice.request
         first, last = choice.first_token_time, choice.last_token_time
         ttft = (first - request.arrival_time) if first is not None else 0.0
@@ -394,7 +398,7 @@ class Engine:
             StreamEvent(
                 text,
                 [] if token_id is None else [token_id],
-                seq.finish_reason,
+                reason,
                 ttft,
                 mean_tbt,
                 len(seq.prompt_token_ids),
@@ -413,7 +417,7 @@ class Engine:
             del self._by_request_id[request.request_id]
         if self.metrics:
             queue_s = (seq.first_scheduled_time or now) - seq.arrival_time
-            self.metrics.on_finished(seq.finish_reason.value, queue_s)
+            self.metrics.on_finished(reason.value, queue_s)
 
     def running_request_ids(self) -> list[str]:
         return list(self._by_request_id)

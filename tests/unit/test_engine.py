@@ -165,3 +165,32 @@ def test_duplicate_request_id_is_refused() -> None:
             raise AssertionError("duplicate id accepted")
 
     asyncio.run(main())
+
+
+def test_a_stop_string_streamed_after_a_later_result_ends_the_stream_as_a_stop() -> None:
+    """Two micro-batches in flight (decodes ahead): the result after the one whose token
+    completes a stop string can be applied before that token streams, and may end the sequence
+    by length. The stream ends at the stop string all the same, as a stop, counting the tokens
+    up to the one that hit it."""
+    sched = Scheduler(
+        SchedulerConfig(budget_tokens=32, tile_tokens=1, max_num_seqs=8, decode_ahead=True),
+        CacheConfig(num_blocks=64, block_size=16),
+    )
+    engine = Engine(sched, FakePipeline(), lambda r: CharStream(r.stop))
+    handle = engine.add(request("r1", prompt_len=5, max_tokens=4, stop=("h",)))
+    # tokens 5, 6, 7, 8 are "f", "g", "h", "i": "h" hits the stop, "i" is the last by length
+    batches = [sched.schedule(0.0), sched.schedule(0.0)]  # the prompt, its first decode ahead
+    for token in (5, 6, 7, 8):
+        batch = batches.pop(0)
+        assert batch is not None
+        engine.on_result(batch.batch_id, {batch.chunks[0].seq_id: token})
+        batches.append(sched.schedule(0.0))
+        if token < 7:
+            engine.stream_pending()
+    engine.stream_pending()  # "h" and "i" at once
+    events = []
+    while not handle.events.empty():
+        events.append(handle.events.get_nowait())
+    assert "".join(e.text for e in events) == "fg"
+    assert events[-1].finish_reason is FinishReason.STOP
+    assert events[-1].num_output_tokens == 3
