@@ -165,7 +165,8 @@ def add_request_and_startup_flags(p: argparse.ArgumentParser) -> None:
         "--default-max-tokens",
         type=int_at_least(1),
         default=256,
-        help="max_tokens of a gRPC or chat request that sets none (completions: OpenAI's 16)",
+        help="max_tokens of a gRPC or chat request that sets none (completions: OpenAI's 16), "
+        "or what the model's context leaves after the prompt where that is less",
     )
     p.add_argument(
         "--worker-start-timeout",

@@ -32,6 +32,10 @@ class RequestLimits:
     max_stop_strings: int
     max_stop_string_chars: int
     eos_token_ids: frozenset[int]
+    max_model_len: int | None = None
+    """The model's context in tokens: a request that leaves max_tokens unset gets the default
+    or what the context leaves after its prompt, whichever is less (vLLM's rule). None: the
+    default whatever the prompt."""
 
 
 def check_prompt_token_ids(
@@ -84,9 +88,10 @@ def build_generation_request(
     grammar: structured output, compiled by controller/grammar.py. n: choices answered;
     best_of: sequences run to pick them from (None: n), OpenAI's."""
     penalties = penalties or Penalties()
+    stop_token_ids = tuple(stop_token_ids)
     _check_fields(
         prompt_ids, limits, penalties, stop, resume_token_ids=resume_token_ids, n=n,
-        best_of=best_of, max_tokens=max_tokens,
+        best_of=best_of, max_tokens=max_tokens, stop_token_ids=stop_token_ids,
     )  # fmt: skip
     sampling = _sampling_params(
         temperature=temperature,
@@ -98,6 +103,8 @@ def build_generation_request(
         grammar=grammar,
         prompt_logprobs=prompt_logprobs,
     )
+    if max_tokens is None:
+        max_tokens = default_max_tokens(limits, len(prompt_ids))
     params = _request_params(
         limits,
         sampling,
@@ -125,6 +132,7 @@ def _check_fields(
     n: int,
     best_of: int | None,
     max_tokens: int | None,
+    stop_token_ids: Sequence[int],
 ) -> None:
     """The field checks made before SamplingParams makes its own. Their order decides which
     field a request with several bad ones is refused for (the same through either API): keep
@@ -145,7 +153,20 @@ def _check_fields(
     if not prompt_ids:
         raise InvalidRequestError("prompt", "is empty")
     check_prompt_token_ids(resume_token_ids, limits, field="resume_token_ids")
+    # The last stage masks stop tokens (min_tokens) by index: one outside the vocabulary would
+    # fail its step, and the pipeline with it.
+    check_prompt_token_ids(stop_token_ids, limits, field="stop_token_ids")
     _check_stop_strings(stop, limits)
+
+
+def default_max_tokens(limits: RequestLimits, prompt_len: int, default: int | None = None) -> int:
+    """max_tokens for a request that leaves it unset: `default` (the server's when None), or
+    what the model's context leaves after the prompt where that is less. A prompt that fills
+    the context keeps the default, and the scheduler refuses it, naming the prompt."""
+    default = limits.default_max_tokens if default is None else default
+    if limits.max_model_len is None or prompt_len >= limits.max_model_len:
+        return default
+    return min(default, limits.max_model_len - prompt_len)
 
 
 def _sampling_params(
@@ -182,16 +203,15 @@ def _request_params(
     limits: RequestLimits,
     sampling: SamplingParams,
     *,
-    max_tokens: int | None,
+    max_tokens: int,
     stop_token_ids: Iterable[int],
     ignore_eos: bool,
 ) -> RequestParams:
-    """When generation ends: the length limit (the server's default when unset) and the stop
-    tokens, which include the model's end-of-sequence tokens unless ignore_eos."""
+    """When generation ends: the length limit and the stop tokens, which include the model's
+    end-of-sequence tokens unless ignore_eos."""
     stop_ids = frozenset(stop_token_ids)
     if not ignore_eos:
         stop_ids |= limits.eos_token_ids
-    max_tokens = limits.default_max_tokens if max_tokens is None else max_tokens
     # Not SamplingParams' check: it never sees max_tokens, which is only settled here.
     if sampling.min_tokens > max_tokens:
         raise InvalidRequestError(

@@ -297,6 +297,7 @@ async def begin_serving(
         max_stop_strings=config.server.max_stop_strings,
         max_stop_string_chars=config.server.max_stop_string_chars,
         eos_token_ids=frozenset(model.tokenizer.eos_token_ids),
+        max_model_len=scheduler.config.max_model_len,
     )
     apis.service.attach(engine, pipeline, limits, model.tokenizer.encode_prompt)
     apis.http_state.attach(engine, limits, model.tokenizer)

@@ -128,7 +128,11 @@ class ChoiceStream:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_streamed: int = 0
-    """Output tokens streamed so far (the engine streams them after applying them)."""
+    """Output tokens streamed so far (the engine streams them after applying them), those of
+    a resumed stream (num_resumed) included."""
+    num_resumed: int = 0
+    """Output tokens the client already had (resume_token_ids): part of the output, not of
+    this stream's timings."""
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     """Log-probabilities of output tokens applied but not streamed yet, by output index."""
     prompt_logprobs: dict[int, TokenLogprobs] | None = None
@@ -212,7 +216,9 @@ class Engine:
         self._next_seq_id += request.n
         handle = RequestHandle(request.request_id, now, request.n)
         choices = [
-            ChoiceStream(handle, i, seq_id, text, num_streamed=len(resumed))
+            ChoiceStream(
+                handle, i, seq_id, text, num_streamed=len(resumed), num_resumed=len(resumed)
+            )
             for i, (seq_id, text) in enumerate(zip(seq_ids, texts, strict=True))
         ]
         if request.params.sampling.prompt_logprobs is not None:
@@ -391,9 +397,10 @@ class Engine:
         first, last = choice.first_token_time, choice.last_token_time
         ttft = (first - request.arrival_time) if first is not None else 0.0
         mean_tbt = 0.0
-        if num_output > 1 and first is not None:
+        timed = choice.num_streamed - choice.num_resumed  # the tokens first and last span
+        if timed > 1 and first is not None:
             assert last is not None
-            mean_tbt = (last - first) / (num_output - 1)
+            mean_tbt = (last - first) / (timed - 1)
         request.events.put_nowait(
             StreamEvent(
                 text,

@@ -18,42 +18,46 @@ from controller.tokenizer import Tokenizer
 
 
 class LogprobsFormatter:
-    """One response's logprobs; completions' text offsets run on across chunks."""
+    """One response's logprobs; completions' text offsets run on across a choice's chunks,
+    each choice's from 0."""
 
     def __init__(self, tokenizer: Tokenizer, kind: Kind) -> None:
         self.tokenizer = tokenizer
         self.kind = kind
-        self.text_offset = 0
+        self.text_offsets: dict[int, int] = {}
+        """Each choice's next text offset, by choice index."""
 
     def _text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def format(
-        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], choice: int = 0
     ) -> dict[str, object]:
-        """The logprobs object of these tokens (one entry each, in order)."""
+        """The logprobs object of these tokens of a choice (one entry each, in order)."""
         if self.kind == "chat":
             pairs = zip(token_ids, entries, strict=True)
             return {"content": [self._chat_entry(t, e) for t, e in pairs]}
-        return dict(self._columns(token_ids, entries))
+        return dict(self._columns(token_ids, entries, choice))
 
     def format_prompt(
-        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], choice: int = 0
     ) -> dict[str, object]:
         """Completions' echo: the prompt's columns, its first token without a log-probability
         (nothing comes before it), as OpenAI and vLLM show it."""
         scored: list[TokenLogprobs | None] = [None, *entries] if token_ids else []
-        return dict(self._columns(token_ids, scored))
+        return dict(self._columns(token_ids, scored, choice))
 
     def _columns(
-        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None]
+        self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None], choice: int
     ) -> dict[str, list[Any]]:
-        """Completions' legacy columns; text offsets run on from the previous call."""
+        """Completions' legacy columns; the choice's text offsets run on from its last call."""
         texts = [self._text(t) for t in token_ids]
         offsets = []
+        offset = self.text_offsets.get(choice, 0)
         for text in texts:
-            offsets.append(self.text_offset)
-            self.text_offset += len(text)
+            offsets.append(offset)
+            offset += len(text)
+        self.text_offsets[choice] = offset
         return {
             "tokens": texts,
             "token_logprobs": [e.logprob if e else None for e in entries],

@@ -117,8 +117,8 @@ async def _generate(state: HttpApiState, request: Request, kind: Kind) -> Respon
     except PipelineDownError as err:
         raise not_ready(err.retry_after_s) from err
     except InvalidRequestError as err:  # the scheduler's checks: prompt + max_tokens too long
-        if kind == "chat" and err.field == "prompt":  # the prompt a chat's messages render to
-            err = InvalidRequestError("messages", str(err).removeprefix("prompt: "))
+        if (name := parsed.field_names.get(err.field)) is not None:
+            err = InvalidRequestError(name, str(err).removeprefix(f"{err.field}: "))
         raise invalid_request(err) from err
     sampling = parsed.generation.params.sampling
     seed = sampling.seed if parsed.return_token_ids else None
@@ -182,8 +182,8 @@ def _choice(
     if formatter is not None:
         prompt = None  # text offsets run on: the echoed prompt's come first
         if echo is not None:
-            prompt = formatter.format_prompt(echo.prompt_token_ids, prompt_logprobs)
-        shown_logprobs = formatter.format(token_ids, logprobs)
+            prompt = formatter.format_prompt(echo.prompt_token_ids, prompt_logprobs, index)
+        shown_logprobs = formatter.format(token_ids, logprobs, index)
         if prompt is not None:
             shown_logprobs = formatter.join(prompt, shown_logprobs)
     if echo is not None:

@@ -43,7 +43,7 @@ def _logprobs_of(
 ) -> dict[str, object] | None:
     if formatter is None or event.logprobs is None:
         return None
-    return formatter.format(event.token_ids, [event.logprobs])
+    return formatter.format(event.token_ids, [event.logprobs], event.choice)
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -196,6 +196,10 @@ class _ChoiceState:
     def __init__(self, echo: Echo | None) -> None:
         self.echo = echo
         self.held: list[str] = []
+        self.held_token_ids: list[int] = []
+        self.held_logprobs: list[tuple[int, TokenLogprobs]] = []
+        """With tools: the tokens and log-probabilities the held text came with, for the one
+        content chunk the tool calls are read from."""
         self.ended = False
         self.num_prompt = 0
         self.num_output = 0
@@ -213,7 +217,7 @@ class _ChoiceState:
                 self._end(len(echo.prompt_token_ids), 0)
                 return [*lines, _finishing(ids, options, "length", index)]
         if options.tools is not None:
-            self.held.append(event.text)
+            self.hold(event)
         elif event.text or (event.token_ids and (options.return_token_ids or options.logprobs)):
             token_ids = event.token_ids if options.return_token_ids else None
             logprobs = _logprobs_of(event, options.logprobs)
@@ -235,15 +239,39 @@ class _ChoiceState:
         reason = finish_reason_name(event.finish_reason)
         if options.tools is not None:
             content, calls = parse_tool_calls("".join(self.held), options.tools)
-            lines.append(
-                sse(
-                    chunk(
-                        ids, text=content, include_usage=usage_null, tool_calls=calls, index=index
-                    )
-                )
-            )
+            lines.append(sse(self._held_chunk(ids, options, content, calls, index)))
             reason = "tool_calls" if calls else reason
         return [*lines, _finishing(ids, options, reason, index)]
+
+    def hold(self, event: StreamEvent) -> None:
+        self.held.append(event.text)
+        self.held_token_ids += event.token_ids
+        if event.logprobs is not None:
+            self.held_logprobs += [(t, event.logprobs) for t in event.token_ids]
+
+    def _held_chunk(
+        self,
+        ids: ResponseIds,
+        options: StreamOptions,
+        content: str | None,
+        calls: list[dict[str, object]],
+        index: int,
+    ) -> dict[str, object]:
+        """With tools: the whole answer as one chunk, the text read for tool calls, with the
+        token ids and log-probabilities the unstreamed answer carries."""
+        logprobs = None
+        if options.logprobs is not None and self.held_logprobs:
+            token_ids, entries = zip(*self.held_logprobs, strict=True)
+            logprobs = options.logprobs.format(token_ids, entries, index)
+        return chunk(
+            ids,
+            text=content,
+            include_usage=options.include_usage,
+            token_ids=self.held_token_ids if options.return_token_ids else None,
+            logprobs=logprobs,
+            tool_calls=calls,
+            index=index,
+        )
 
     def _end(self, num_prompt: int, num_output: int) -> None:
         self.ended = True
@@ -256,7 +284,7 @@ def _echo_chunk(
     prompt_logprobs = None
     if options.logprobs is not None and event.prompt_logprobs is not None:
         prompt_logprobs = options.logprobs.format_prompt(
-            echo.prompt_token_ids, event.prompt_logprobs
+            echo.prompt_token_ids, event.prompt_logprobs, event.choice
         )
     return chunk(
         ids,

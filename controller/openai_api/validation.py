@@ -21,6 +21,7 @@ from controller.api_request import (
     RequestLimits,
     build_generation_request,
     check_prompt_token_ids,
+    default_max_tokens,
 )
 from controller.engine import GenerationRequest
 from controller.grammar import compile_grammar
@@ -59,6 +60,9 @@ class ParsedRequest:
     """Choices answered; the generation runs more with best_of (and answers the n likeliest)."""
     show_logprobs: bool = True
     """False when log-probabilities were asked for only to rank best_of's choices."""
+    field_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The request's own names for the shared checks' fields where the endpoint's differ
+    (chat: messages for the prompt), for errors raised after parsing (the scheduler's)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def parse_chat(
     # max_completion_tokens replaced max_tokens in OpenAI's chat API; both are still sent.
     name = "max_completion_tokens" if fields.max_completion_tokens is not None else "max_tokens"
     with _renamed({"logprobs": "top_logprobs", "max_tokens": name}):
-        return _parse_chat(fields, limits, tokenizer)
+        parsed = _parse_chat(fields, limits, tokenizer)
+    # the prompt is the one the messages render to
+    return dataclasses.replace(parsed, field_names={"prompt": "messages", "max_tokens": name})
 
 
 @contextlib.contextmanager
@@ -112,7 +118,7 @@ def _parse_completion(
     prompt_ids = _completion_prompt_ids(fields.prompt, limits, tokenizer)
     max_tokens = fields.max_tokens
     if max_tokens is None:
-        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        max_tokens = default_max_tokens(limits, len(prompt_ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
     # Completions' logprobs is the number of alternatives (0: the sampled token's own only).
     logprobs = fields.logprobs
     echo = None

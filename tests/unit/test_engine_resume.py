@@ -119,3 +119,31 @@ def test_a_stream_that_had_ended_cannot_be_resumed(
     assert err.value.field == "resume_token_ids", why
     assert engine.scheduler.num_waiting == 0  # nothing queued
     assert engine.running_request_ids() == []
+
+
+def test_a_resumed_stream_s_mean_tbt_spans_only_the_tokens_it_streamed() -> None:
+    """Ten tokens resumed, two new ones a second apart: the mean time between tokens is the
+    one second between those two, not that second over the eleven gaps of all twelve."""
+    from controller.scheduler import CacheConfig, Scheduler, SchedulerConfig
+    from tests.unit.test_engine import CharStream, FakePipeline
+
+    now = [0.0]
+    sched = Scheduler(
+        SchedulerConfig(budget_tokens=64, tile_tokens=1, max_num_seqs=8),
+        CacheConfig(num_blocks=64, block_size=16),
+    )
+    engine = Engine(sched, FakePipeline(), lambda r: CharStream(r.stop), clock=lambda: now[0])
+    resumed = tuple(range(5, 15))
+    handle = engine.add(
+        GenerationRequest("r", list(range(5)), RequestParams(max_tokens=12), (), resumed)
+    )
+    for at in (1.0, 2.0):
+        batch = sched.schedule(now[0])
+        assert batch is not None
+        now[0] = at
+        engine.on_result(batch.batch_id, {batch.chunks[0].seq_id: 20})
+        engine.stream_pending()
+    events = [handle.events.get_nowait() for _ in range(handle.events.qsize())]
+    assert len(events) == 2 and events[-1].finish_reason is FinishReason.LENGTH
+    assert events[-1].num_output_tokens == 12
+    assert events[-1].mean_tbt_s == pytest.approx(1.0)

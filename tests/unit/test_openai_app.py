@@ -19,7 +19,7 @@ from controller.engine import GenerationRequest, RequestHandle, StreamEvent
 from controller.logprobs import TokenLogprobs
 from controller.openai_api.routes import build_app
 from controller.openai_api.state import HttpApiState
-from controller.scheduler import FinishReason
+from controller.scheduler import FinishReason, InvalidRequestError
 from tests.unit.test_openai_requests import MODEL, make_limits
 from tests.unit.test_tokenizer import make_tokenizer
 
@@ -482,3 +482,58 @@ def test_a_body_over_the_limit_is_a_413_and_queues_nothing(monkeypatch: pytest.M
     streamed = client.post("/v1/completions", content=chunks())
     assert streamed.status_code == 413
     assert engine.added == []
+
+
+def test_each_choice_s_text_offsets_start_at_its_own_text_streamed_or_whole() -> None:
+    """Completions' text_offset counts into the choice's own text: with n > 1 every choice's
+    start at 0, also when their chunks interleave in a stream."""
+    client = TestClient(build_app(make_state(ScriptedEngine())))
+    body = {"prompt": "the", "n": 2, "logprobs": 0}
+    whole = client.post("/v1/completions", json=body).json()
+    offsets = [c["logprobs"]["text_offset"] for c in whole["choices"]]
+    assert offsets[0] == offsets[1] and offsets[0][0] == 0
+    streamed = client.post("/v1/completions", json={**body, "stream": True})
+    by_choice: dict[int, list[int]] = {0: [], 1: []}
+    for c in sse_bodies(streamed.text):
+        for choice in c["choices"]:
+            if choice["logprobs"]:
+                by_choice[choice["index"]] += choice["logprobs"]["text_offset"]
+    assert by_choice[0] == by_choice[1] == offsets[0]
+
+
+def test_a_streamed_chat_with_tools_carries_the_logprobs_and_token_ids_of_the_whole() -> None:
+    """With tools the answer's text is held to be read for tool calls, and goes as one chunk:
+    that chunk carries every token's id and log-probability, as the unstreamed answer does."""
+    tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool],
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    client = TestClient(build_app(make_state(ScriptedEngine())))
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
+    (content,) = [c["choices"][0] for c in sse_bodies(streamed.text) if c["choices"][0]["logprobs"]]
+    assert content["token_ids"] == whole["token_ids"] == [0, 1, 2]
+    assert content["logprobs"] == whole["logprobs"]
+    assert content["delta"]["content"] == whole["message"]["content"] == "Hello world"
+
+
+@dataclass
+class RefusingEngine(ScriptedEngine):
+    """Refuses every request as the scheduler does one past the model's context."""
+
+    def add(self, request: GenerationRequest) -> RequestHandle:
+        raise InvalidRequestError("max_tokens", "prompt plus max_tokens is beyond the context")
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+def test_the_scheduler_s_refusal_names_the_field_as_the_request_did(name: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], name: 100}
+    response = TestClient(build_app(make_state(RefusingEngine()))).post(
+        "/v1/chat/completions", json=body
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == name
+    assert response.json()["error"]["message"].startswith(f"{name}: prompt plus max_tokens")

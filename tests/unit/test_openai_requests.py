@@ -312,3 +312,51 @@ def test_structured_output_fields_compile_to_a_grammar_or_a_400_naming_them() ->
     with pytest.raises(InvalidRequestError) as bad:
         to_generation_request(grpc, make_limits(make_tokenizer()), lambda t, c: [1])
     assert bad.value.field == "structured_output"
+
+
+def test_an_unset_max_tokens_is_what_the_context_leaves_where_that_is_less() -> None:
+    """vLLM's rule: a request that names no max_tokens is not refused for it. Set, it is the
+    client's, and a prompt that fills the context is refused for the prompt (the scheduler)."""
+    tokenizer = make_tokenizer()
+
+    def limits(context: int) -> RequestLimits:
+        return dataclasses.replace(
+            make_limits(tokenizer), default_max_tokens=300, max_model_len=context
+        )
+
+    prompt = "the Paris " * 2
+    grpc = to_generation_request(
+        generate_pb2.GenerateRequest(prompt=prompt), limits(20), tokenizer.encode_prompt
+    )
+    room = 20 - len(grpc.prompt_token_ids)
+    assert 0 < room < 16 and grpc.params.max_tokens == room
+    body = {"model": MODEL, "prompt": prompt}
+    completion_ = parse_completion(body, MODEL, limits(20), tokenizer).generation
+    assert completion_.params.max_tokens == room  # completions' 16, clamped
+    short = parse_completion({**body, "prompt": "the"}, MODEL, limits(20), tokenizer).generation
+    assert short.params.max_tokens == 16
+    chat_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    chat_ = parse_chat(chat_body, MODEL, limits(30), tokenizer).generation
+    assert chat_.params.max_tokens == 30 - len(chat_.prompt_token_ids) < 300
+    named = parse_completion({**body, "max_tokens": 30}, MODEL, limits(20), tokenizer).generation
+    assert named.params.max_tokens == 30  # the scheduler refuses it, naming max_tokens
+    too_long = to_generation_request(
+        generate_pb2.GenerateRequest(prompt="the Paris " * 30), limits(20), tokenizer.encode_prompt
+    )
+    assert too_long.params.max_tokens == 300  # the scheduler refuses it, naming the prompt
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused_on_both_apis() -> None:
+    """The last stage masks stop tokens by index (min_tokens): one past the vocabulary would
+    fail its step and take the pipeline down with it."""
+    tokenizer = make_tokenizer()
+    with pytest.raises(InvalidRequestError) as grpc_err:
+        to_generation_request(
+            generate_pb2.GenerateRequest(prompt="the", stop_token_ids=[4_000_000_000]),
+            make_limits(tokenizer),
+            tokenizer.encode_prompt,
+        )
+    assert grpc_err.value.field == "stop_token_ids"
+    with pytest.raises(ApiError) as http_err:
+        completion(prompt="the", stop_token_ids=[4_000_000_000])
+    assert http_err.value.param == "stop_token_ids"

@@ -237,7 +237,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int_at_least(1),
         default=256,
         help="max_tokens of a gRPC or chat request that sets none (default 256; the "
-        "completions API keeps OpenAI's 16)",
+        "completions API keeps OpenAI's 16), or what the model's context leaves after the "
+        "prompt where that is less",
     )
     add_cluster_flags(p)
     add_layout_file_flag(p)
