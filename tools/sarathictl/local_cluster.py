@@ -135,7 +135,9 @@ class LocalClusterConfig:
     """More flags for every `python -m stage_worker`."""
     max_restarts: int = 20
     """supervise(): most restarts of the children in a row before giving up (a crash loop). A
-    worker that dies costs two (its neighbour leaves the broken pipeline too)."""
+    worker that dies costs pp * tp of them: every worker leaves the broken pipeline, so with 8
+    workers two or three lost stages in a row spend it (counting rebuilds rather than
+    processes would not: not done yet)."""
     restart_window_s: float = 600.0
     """A restart this long after the one before starts the count again: a cluster up for weeks
     is not taken down by its tenth unrelated crash, while a loop slower than the model's load
