@@ -172,7 +172,8 @@ def add_request_and_startup_flags(p: argparse.ArgumentParser) -> None:
         "--worker-start-timeout",
         type=float_above(0.0),
         default=300.0,
-        help="seconds to wait for workers",
+        help="seconds workers have to register and load: at start (then the controller exits), "
+        "and to rebuild the pipeline after a lost stage (then liveness fails)",
     )
 
 

@@ -116,12 +116,13 @@ class Apis:
     http_server: HttpApiServer | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def publish(self, problem: str, stalled: bool) -> None:
-        """The health watch's verdict: "" serves, anything else says why not; a stall also
-        marks the process unhealthy (liveness)."""
+    def publish(self, problem: str, stuck: bool) -> None:
+        """The health watch's verdict: "" serves, anything else says why not; stuck (a stall,
+        or a rebuild past the worker start timeout) also marks the process unhealthy
+        (liveness)."""
         self.service.problem = problem
         mark_serving(self.health, serving=not problem)
-        mark_alive(self.health, alive=not stalled)
+        mark_alive(self.health, alive=not stuck)
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -307,7 +308,13 @@ async def begin_serving(
     apis.tasks += [
         start_watched(engine.run(), "engine", on_task_failed),
         start_watched(
-            watch_health(engine, pipeline, config.server.stall_timeout_s, apis.publish),
+            watch_health(
+                engine,
+                pipeline,
+                config.server.stall_timeout_s,
+                config.server.worker_start_timeout_s,
+                apis.publish,
+            ),
             "health",
             on_task_failed,
         ),

@@ -1,7 +1,9 @@
 """Keeps the gRPC health status honest. The API's status (sarathi.v1.Generation, readiness) is
 SERVING only while the pipeline is up, every worker's KV cache is ready and steps complete; the
-process's ("", startup and liveness) turns NOT_SERVING only for a stall, the one problem a
-restart of the controller can cure (a lost stage is rebuilt, a cache finishes preparing).
+process's ("", startup and liveness) turns NOT_SERVING only for what a restart of the
+controller cures: a stall, and a rebuild not done within the worker start timeout (a worker
+lost mid-rebuild holds its place and its replacement is refused it; a new controller starts
+with every place free). A lost stage is otherwise rebuilt, and a cache finishes preparing.
 
 A pipeline whose stage hangs (a collective that never returns) still has an open socket; only
 the absence of completed steps while requests wait tells it apart from an idle one. Kubernetes
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from controller.engine import Engine
@@ -30,7 +33,11 @@ def diagnose(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float)
     """Why the controller should not be called serving right now; empty when it should."""
     if not pipeline.up:
         refused = f"; {pipeline.last_refusal}" if pipeline.last_refusal else ""
-        return f"a pipeline stage is down ({pipeline.down_reason}); rebuilding{refused}"
+        down_s = time.monotonic() - pipeline.down_since_s
+        return (
+            f"a pipeline stage is down ({pipeline.down_reason}); rebuilding for {down_s:.0f} s"
+            f"{refused}"
+        )
     preparing = pipeline.preparing_cache()
     if preparing:
         return _still_preparing(preparing)
@@ -51,6 +58,15 @@ def stalled(engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float) 
     )
 
 
+def stuck(
+    engine: Engine, pipeline: PipelineExecutor, stall_timeout_s: float, rebuild_timeout_s: float
+) -> bool:
+    """What a restart of the controller cures (liveness): a stall, or a pipeline rebuilt for
+    longer than rebuild_timeout_s (the time workers have to start)."""
+    overdue = not pipeline.up and time.monotonic() - pipeline.down_since_s >= rebuild_timeout_s
+    return overdue or stalled(engine, pipeline, stall_timeout_s)
+
+
 def _still_preparing(workers: list[WorkerInfo]) -> str:
     """Names the first worker still zeroing its KV cache, and how many more are."""
     first = workers[0]
@@ -68,9 +84,10 @@ async def watch_health(
     engine: Engine,
     pipeline: PipelineExecutor,
     stall_timeout_s: float,
+    rebuild_timeout_s: float,
     publish: Callable[[str, bool], None],
 ) -> None:
-    """Calls publish(problem, stalled) every period ("" means serving)."""
+    """Calls publish(problem, stuck) every period ("" means serving; stuck: see `stuck`)."""
     last: str | None = None
     while True:
         problem = diagnose(engine, pipeline, stall_timeout_s)
@@ -81,6 +98,6 @@ async def watch_health(
                 log.error("not serving: %s", problem)
             else:
                 log.info("serving")
-        publish(problem, stalled(engine, pipeline, stall_timeout_s))
+        publish(problem, stuck(engine, pipeline, stall_timeout_s, rebuild_timeout_s))
         last = problem
         await asyncio.sleep(_PERIOD_S)

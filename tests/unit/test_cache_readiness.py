@@ -120,6 +120,33 @@ def test_a_stall_alone_marks_the_process_unhealthy() -> None:
     assert not stalled(cast(Any, engine), cast(Any, pipeline), 30.0)
 
 
+def test_a_rebuild_past_the_worker_start_timeout_marks_the_process_unhealthy() -> None:
+    """A worker lost mid-rebuild holds its place and its replacement is refused it: the
+    pipeline would stay down for good. Past the time workers have to start, liveness fails,
+    so that the controller is restarted and a new one starts with every place free."""
+    import time
+
+    from controller.health_watch import stuck
+
+    class Engine:
+        def stalled_for_s(self) -> float:
+            return 0.0
+
+    class Pipeline:
+        up = False
+        down_since_s = time.monotonic() - 10.0
+
+        def preparing_cache(self) -> list[object]:
+            return []
+
+    engine, pipeline = Engine(), Pipeline()
+    assert not stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)  # rebuilding
+    pipeline.down_since_s = time.monotonic() - 301.0
+    assert stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)
+    pipeline.up = True  # rebuilt: down_since_s no longer counts
+    assert not stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)
+
+
 def test_the_process_and_the_api_have_health_names_of_their_own() -> None:
     """At start the process serves ("", what startup and liveness probes ask) and the API does
     not (sarathi.v1.Generation, readiness); each changes alone."""
