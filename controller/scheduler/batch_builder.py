@@ -151,7 +151,6 @@ class BatchBuilder:
         that chunk's token only after the step, and a sequence goes once a micro-batch."""
         sched = self._sched
         bs = sched.block_manager.block_size
-        in_this_batch = {c.seq_id for c in self.chunks}
         added = 0
         for seq in tuple(sched.not_decoding.values()):
             if capped and self.num_tokens + added >= self.budget_tokens:
@@ -159,8 +158,8 @@ class BatchBuilder:
             position = seq.num_computed_tokens
             if position != seq.num_tokens or seq.num_inflight_batches != 1:
                 continue  # prefilling, or preempted by a decode of this loop
-            if seq.seq_id in in_this_batch:
-                continue
+            if any(s is seq for s in self.prefilled):
+                continue  # its one thing in flight is its chunk in this micro-batch
             if position + 1 >= seq.max_num_tokens:
                 continue  # the token in flight is its last by length
             new_block_ids: tuple[int, ...] = ()
