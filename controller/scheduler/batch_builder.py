@@ -487,8 +487,11 @@ class BatchBuilder:
         bm = sched.block_manager
         admitted = 0
         prefill_tokens = 0
+        trial = sched.quarantine.on_trial
         while sched.waiting and len(sched.running) < sched.config.max_num_seqs:
             seq = sched.waiting[0]
+            if trial is not None and seq is not trial:
+                break  # a suspect on trial runs alone (quarantine.py)
             # It starts past its longest cached prefix; the budget counts what it computes.
             cached_blocks, num_cached = sched.prefix_cache.lookup(seq)
             remaining = seq.num_tokens - num_cached

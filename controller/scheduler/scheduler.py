@@ -22,6 +22,7 @@ from controller.scheduler.decode_roster import DecodeRoster
 from controller.scheduler.errors import InvalidRequestError
 from controller.scheduler.policies import make_policy
 from controller.scheduler.prefix_cache import PrefixCache
+from controller.scheduler.quarantine import Quarantine
 from controller.scheduler.sequence import FinishReason, RequestParams, Sequence, SequenceStatus
 
 # Decodes from this many decoding sequences up go to a micro-batch as one vector block (see
@@ -41,6 +42,10 @@ def stop_hits(
     for stop_id in stop_ids.tolist():
         hit |= tokens == stop_id
     return hit.nonzero()[0]
+
+
+def _arrival_order(seq: Sequence) -> tuple[float, int]:
+    return seq.arrival_time, seq.seq_id
 
 
 class Scheduler:
@@ -98,6 +103,8 @@ class Scheduler:
         """KV block copies (from, to) the next micro-batch makes before its forward pass, by
         the sequence they are for (see start_from); each source block has one more holder
         until that micro-batch is built, so nothing else takes it before it is copied."""
+        self.quarantine = Quarantine()
+        """The sequences of micro-batches that failed on a worker, and the one on trial."""
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(
@@ -213,6 +220,8 @@ class Scheduler:
     def schedule(self, now: float) -> MicroBatch | None:
         """The next micro-batch, or None when the pipeline is full or nothing can run now."""
         if len(self._inflight) >= self.config.max_inflight_batches:
+            return None
+        if self.quarantine.active and not self._run_trials():
             return None
         builder = BatchBuilder(self, now)
         self.policy.build(builder)
@@ -400,11 +409,13 @@ class Scheduler:
         no sequence state. Every admitted sequence goes back to the queue to be recomputed from
         its prompt plus the tokens it already produced (nothing sampled is lost or repeated).
         Returns the sequences sent back, oldest arrival first."""
+        self.quarantine.remember_lost(self._inflight.values())
+        self.quarantine.on_trial = None  # the trials start again, from the oldest suspect
         self._inflight.clear()
         self.inflight_decodes.clear()
         self.inflight_prompt_tokens.clear()
         self._finished_since_last_batch = []
-        requeued = sorted(self.running.values(), key=lambda s: (s.arrival_time, s.seq_id))
+        requeued = sorted(self.running.values(), key=_arrival_order)
         for seq in reversed(requeued):  # appendleft: the oldest ends up first in the queue
             seq.num_inflight_batches = 0
             self._preempt(seq)
@@ -414,6 +425,52 @@ class Scheduler:
         self._finished_since_last_batch = []
         self.block_manager.drop_cache()  # the new workers' KV caches hold nothing
         return requeued
+
+    # ---- quarantine (quarantine.py) --------------------------------------------------------
+    def on_step_fault(self, batch_id: int) -> list[Sequence]:
+        """Micro-batch batch_id failed on a worker (the pipeline goes down and is rebuilt: see
+        reset_inflight). Its sequences become suspects, and those the quarantine convicts end
+        with FinishReason.ERROR: returned, for their streams to end. A batch neither in flight
+        nor lost when the pipeline last went down (an old report) changes nothing."""
+        quarantine = self.quarantine
+        batch = self._inflight.get(batch_id) or quarantine.lost.get(batch_id)
+        if batch is None:
+            return []
+        failed = quarantine.judge(batch, self._live)
+        for seq in failed:
+            self.abort(seq.seq_id, FinishReason.ERROR)
+        return failed
+
+    def _run_trials(self) -> bool:
+        """While there are suspects, they run one at a time, alone. True when the one on trial
+        may be scheduled (or the trials are over); False while the pipeline drains first."""
+        quarantine = self.quarantine
+        seq = quarantine.on_trial
+        if seq is not None:
+            if not quarantine.trial_over(seq):
+                return True
+            quarantine.release(seq)  # passed
+            if not quarantine.active:
+                return self._end_trials()  # the last one runs on with the rest
+        # A trial starts with nothing else running (after a rebuild nothing is): the one that
+        # passed goes back to the queue, to be recomputed in its place.
+        if self._inflight:
+            return False
+        for other in sorted(self.running.values(), key=_arrival_order, reverse=True):
+            self._preempt(other)  # appendleft: the oldest ends up first
+        seq = quarantine.next_suspect()
+        if seq is None:
+            return self._end_trials()
+        self.waiting.remove(seq)  # queued: suspects are not held forks, and none runs now
+        self.waiting.appendleft(seq)
+        quarantine.on_trial = seq
+        return True
+
+    def _end_trials(self) -> bool:
+        """Every suspect is tried: the queue (where the passed ones went first) goes back to
+        arrival order."""
+        self.waiting = deque(sorted(self.waiting, key=_arrival_order))
+        return True
 
     @property
     def num_waiting_prompt_tokens(self) -> int:
@@ -551,6 +608,8 @@ class Scheduler:
         seq.num_named_blocks = 0
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if self.quarantine.active:
+            self.quarantine.release(seq)
         self._stop_running(seq)
         if seq.seq_id in self.forks:
             self._release_held(seq)

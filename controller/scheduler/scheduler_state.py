@@ -14,6 +14,7 @@ from controller.scheduler.block_manager import BlockManager
 from controller.scheduler.config import SchedulerConfig
 from controller.scheduler.decode_roster import DecodeRoster
 from controller.scheduler.prefix_cache import PrefixCache
+from controller.scheduler.quarantine import Quarantine
 from controller.scheduler.sequence import Sequence
 
 
@@ -31,6 +32,8 @@ class SchedulerState(Protocol):
     inflight_prompt_tokens: dict[int, int]
     forks: dict[int, list[Sequence]]
     forking: list[Sequence]
+    quarantine: Quarantine
+    """Its suspect on trial is the one sequence admitted until the trial ends."""
     vector_decodes_from: int
     spread_decodes: bool
     spread_prompts: bool

@@ -42,6 +42,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached
     STOP = "stop"  # a stop token id (end of sequence) or a stop string
     ABORT = "abort"  # cancelled by the client or the server
+    ERROR = "error"  # its step failed on a worker, alone (quarantine.py)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class Sequence:
         "needs_worker_state",
         "num_named_blocks",
         "num_preemptions",
+        "num_step_faults",
         "output_token_ids",
         "params",
         "prompt_token_ids",
@@ -190,6 +192,8 @@ class Sequence:
         # True until the workers have seen this sequence's first chunk (again after a preemption).
         self.needs_worker_state = True
         self.num_preemptions = 0
+        self.num_step_faults = 0
+        """Micro-batches it was in whose step failed on a worker (quarantine.py)."""
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finish_reason: FinishReason | None = None

@@ -1,0 +1,89 @@
+"""Quarantine: the requests of a micro-batch that made a worker fail run alone until the one at
+fault is found, so one bad request cannot fail every rebuilt pipeline in turn.
+
+A step that raises on a worker (its StepFault) or a plan the workers refuse takes the pipeline
+down, and everything admitted is recomputed on the rebuilt one. A request that fails its step
+every time (a bug only it triggers) would fail each rebuild again, first in line, and every other
+request would stall behind it. So each fault counts against the sequences of the failed
+micro-batch (`Sequence.num_step_faults`):
+
+- A sequence that was alone in the failed micro-batch and had failed before ends with
+  FinishReason.ERROR, and so does one in MAX_STEP_FAULTS failed micro-batches (a fault that needs
+  company, e.g. an n > 1 request's choices, which run together).
+- The others are suspects. Before anything else is admitted again, each suspect runs alone, oldest
+  first: from its recompute through one token past the chunk that failed (`clear_at`). Passing,
+  it is cleared and preempted, to rejoin the queue where it arrived; failing, it fails alone.
+
+A fault that is not a request's (a transient error) costs each suspect a trial and a second
+recompute, and the queue the wait for their trials; a bad request costs one more rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from controller.scheduler.batch import MicroBatch
+from controller.scheduler.sequence import Sequence
+
+MAX_STEP_FAULTS = 3
+"""Failed micro-batches a sequence may be in before it ends with an error, alone or not."""
+
+
+class Quarantine:
+    def __init__(self) -> None:
+        self.suspects: dict[int, Sequence] = {}
+        """By seq id, in the order they became suspects."""
+        self.clear_at: dict[int, int] = {}
+        """Each suspect's num_tokens once a token yielded after the failed chunk and one more
+        position is back: its trial is passed."""
+        self.on_trial: Sequence | None = None
+        """The suspect running alone now; no other sequence is admitted meanwhile."""
+        self.lost: dict[int, MicroBatch] = {}
+        """The micro-batches in flight when the pipeline last went down, by batch id: a fault
+        report may arrive after the requeue (the executor saw the worker gone first)."""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.suspects)
+
+    def judge(self, batch: MicroBatch, live: Mapping[int, Sequence]) -> list[Sequence]:
+        """Counts batch's failure against each of its live sequences. Returns those that end
+        with an error (no longer suspects); the others are suspects now. Any trial under way
+        ends: the rebuild requeues everything, and the trials start again."""
+        chunk_ends: dict[int, int] = {}  # seq id -> end of its furthest chunk in batch
+        for chunk in batch.chunks:
+            end = chunk.first_position + chunk.num_tokens
+            chunk_ends[chunk.seq_id] = max(chunk_ends.get(chunk.seq_id, 0), end)
+        seqs = [live[seq_id] for seq_id in chunk_ends if seq_id in live]
+        alone = len(seqs) == 1
+        failed = []
+        for seq in seqs:
+            seq.num_step_faults += 1
+            if (alone and seq.num_step_faults > 1) or seq.num_step_faults >= MAX_STEP_FAULTS:
+                failed.append(seq)
+                self.release(seq)
+                continue
+            self.suspects[seq.seq_id] = seq
+            # Computing position `end` yields the token after it: num_tokens is then end + 2.
+            cleared = chunk_ends[seq.seq_id] + 2
+            self.clear_at[seq.seq_id] = max(self.clear_at.get(seq.seq_id, 0), cleared)
+        self.on_trial = None
+        return failed
+
+    def trial_over(self, seq: Sequence) -> bool:
+        """seq, on trial, has passed: its token after clear_at is back."""
+        return seq.num_tokens >= self.clear_at[seq.seq_id]
+
+    def next_suspect(self) -> Sequence | None:
+        """The oldest suspect (suspects are live: the scheduler releases one that finishes)."""
+        return next(iter(self.suspects.values()), None)
+
+    def release(self, seq: Sequence) -> None:
+        """seq is a suspect no more (passed, failed, or finished otherwise)."""
+        self.suspects.pop(seq.seq_id, None)
+        self.clear_at.pop(seq.seq_id, None)
+        if self.on_trial is seq:
+            self.on_trial = None
+
+    def remember_lost(self, batches: Iterable[MicroBatch]) -> None:
+        self.lost = {batch.batch_id: batch for batch in batches}
