@@ -331,7 +331,8 @@ async def begin_serving(
 
 
 def report_failures(pipeline: PipelineExecutor, engine: Engine, events: PipelineEvents) -> None:
-    """A stage down requeues the engine's requests; both it and the rebuild become events."""
+    """A stage down requeues the engine's requests; both it and the rebuild become events. A
+    micro-batch that failed on a worker is the engine's to quarantine first."""
     requeued = 0
 
     def down(reason: str) -> None:
@@ -346,6 +347,7 @@ def report_failures(pipeline: PipelineExecutor, engine: Engine, events: Pipeline
         events.rebuilt(pipeline.num_rebuilds, down_s, requeued, pipeline.parallel.pp)
 
     pipeline.on_down, pipeline.on_up = down, up
+    pipeline.on_step_fault = engine.on_step_fault
 
 
 async def end_streams(apis: Apis, engine: Engine | None) -> None:

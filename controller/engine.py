@@ -33,6 +33,9 @@ from controller.telemetry import LatencyWindow, WorkWindow
 
 log = logging.getLogger(__name__)
 
+# Finish reasons that cut the text short: what the text stream holds back is not sent.
+_CUT_SHORT = frozenset({FinishReason.ABORT, FinishReason.ERROR})
+
 
 class TextStream(Protocol):
     """Incremental detokenization of one request, with its stop strings."""
@@ -97,6 +100,8 @@ class StreamEvent(NamedTuple):
     nothing before it)."""
     choice: int = 0
     """The choice (0 .. n - 1) this event belongs to."""
+    error: str = ""
+    """With FinishReason.ERROR: what failed, for the client."""
 
 
 @dataclass
@@ -384,9 +389,10 @@ class Engine:
         hit_stop: bool = False,
         logprobs: TokenLogprobs | None = None,
         prompt_logprobs: tuple[TokenLogprobs, ...] | None = None,
+        error: str = "",
     ) -> None:
         assert seq.finish_reason is not None
-        if not hit_stop and seq.finish_reason is not FinishReason.ABORT:
+        if not hit_stop and seq.finish_reason not in _CUT_SHORT:
             text += choice.text.finish()
         # With two micro-batches in flight a later result may have been applied (and may have
         # ended the sequence, by length) before the token that hit the stop string streamed:
@@ -414,6 +420,7 @@ class Engine:
                 logprobs,
                 prompt_logprobs,
                 choice.index,
+                error,
             )
         )
         request.num_finished += 1
@@ -448,6 +455,34 @@ class Engine:
         return self.scheduler.num_waiting >= self.admission.max_queued_requests
 
     # ---- failures ---------------------------------------------------------------------------
+    def on_step_fault(self, batch_id: int, reason: str) -> None:
+        """Micro-batch batch_id failed on a worker (the pipeline goes down next): its requests
+        are quarantined (scheduler/quarantine.py). A choice that failed alone too ends with an
+        error naming the fault, and its request's other choices are aborted: a request fails
+        whole."""
+        now = self.clock()
+        failed = self.scheduler.on_step_fault(batch_id)
+        suspects = self.scheduler.quarantine.suspects
+        if suspects:
+            log.warning(
+                "micro-batch %d failed: %d sequences are suspects and run alone, one at a "
+                "time, before anything else is admitted (quarantine)",
+                batch_id,
+                len(suspects),
+            )
+        for seq in failed:
+            choice = self._choices.get(seq.seq_id)
+            if choice is None:
+                continue
+            error = (
+                f"this request's step failed on the workers {seq.num_step_faults} times "
+                f"(quarantined); the last: {reason}"
+            )
+            log.error("request %s ends with an error: %s", choice.request.request_id, error)
+            self._finish(choice, seq, "", now, error=error)
+            self.abort(choice.request.request_id)  # its other choices, if any
+        self._wake.set()
+
     def on_pipeline_down(self) -> int:
         """A stage is gone: stop scheduling and requeue every admitted request for recompute
         from its prompt plus the tokens already streamed. Returns how many were requeued."""

@@ -21,6 +21,11 @@ class ShuttingDown(Exception):
     """The controller aborted the request to shut down: the call ends UNAVAILABLE (retry)."""
 
 
+class RequestFailed(Exception):
+    """The request's step failed on the workers, alone too (quarantine.py): the call ends
+    INTERNAL with the reason; retrying the same request would fail the same way."""
+
+
 async def responses(
     handle: RequestHandle,
     generation: GenerationRequest,
@@ -28,13 +33,16 @@ async def responses(
     shutting_down: Callable[[], bool],
 ) -> AsyncIterator[generate_pb2.GenerateResponse]:
     """Every choice's messages as they come, until each has ended (with tools, its last message
-    lists its calls); raises ShuttingDown when the controller's shutdown aborted the request."""
+    lists its calls); raises ShuttingDown when the controller's shutdown aborted the request,
+    RequestFailed when the quarantine ended it."""
     # Each choice's first message says which seed it runs with, for a resume.
     unseeded = set(range(generation.n))
     texts: list[list[str]] = [[] for _ in range(generation.n)]
     num_ended = 0  # read, not queued: handle.finished may be true with events still queued
     while num_ended < generation.n:
         event = await handle.events.get()
+        if event.finish_reason is FinishReason.ERROR:
+            raise RequestFailed(event.error)  # the engine aborted the other choices
         num_ended += event.finish_reason is not None
         response = to_response(handle.request_id, event)
         if event.choice in unseeded:

@@ -16,7 +16,7 @@ from controller.admission import AdmissionError, QueueFullError
 from controller.api_request import PromptEncoder, RequestLimits, grpc_tools, to_generation_request
 from controller.bind_error import BindError
 from controller.engine import Engine
-from controller.grpc_stream import ShuttingDown, responses
+from controller.grpc_stream import RequestFailed, ShuttingDown, responses
 from controller.scheduler import InvalidRequestError, Scheduler
 from controller.security import BearerTokenInterceptor
 from controller.stage_report import public_phases, stage_shares
@@ -93,6 +93,8 @@ class GenerationService(generate_pb2_grpc.GenerationServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the controller is shutting down; retry"
             )
+        except RequestFailed as err:
+            await context.abort(grpc.StatusCode.INTERNAL, str(err))
         finally:
             # A cancelled call or a passed deadline lands here: free the sequences everywhere.
             if not handle.finished:

@@ -103,6 +103,16 @@ class ControlSocket:
         with self._lock:
             self._sock.close(linger=0)
 
+    def send_last(self, msg: stage_pb2.WorkerMessage, linger_s: float) -> None:
+        """Sends msg as the last message and waits up to linger_s for it to leave: the process
+        exits next, and os._exit does not wait for ZeroMQ's I/O thread to send what is queued.
+        The keepalive thread finds the lock held or the socket closed, and stops."""
+        self._stop.set()
+        with self._lock:
+            self._sock.send(msg.SerializeToString())
+            # Closes every socket of the context, waiting for their queued messages (linger).
+            self._sock.context.destroy(linger=int(linger_s * 1000))
+
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """While inside (a step, zeroing the KV cache), the keepalive thread says the worker

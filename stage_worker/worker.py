@@ -38,7 +38,7 @@ from stage_worker.comm import (
 from stage_worker.config import ShardSpec, load_spec
 from stage_worker.control_socket import ControlSocket, PeerWait
 from stage_worker.cuda_graphs import DecodeGraphs
-from stage_worker.errors import PlanError
+from stage_worker.errors import PlanError, StepFaulted
 from stage_worker.kv_cache import GPU_CACHE_FRACTION, KVCache, bytes_per_block, num_blocks_that_fit
 from stage_worker.layers import cpu_matmul, fused, gemv
 from stage_worker.models import DTYPES, StageModel, build_stage, llama_cpu_loop
@@ -165,6 +165,10 @@ class ControllerChanged(Exception):
 
 # Exit status of a worker whose pipeline broke (a peer died): its supervisor restarts it.
 EXIT_PIPELINE_BROKEN = 3
+# A step fault's report: how long the exiting worker waits for it to leave, and how much of the
+# exception's text it carries (the worker's log has the traceback).
+_FAULT_LINGER_S = 2.0
+_MAX_FAULT_TEXT = 2000
 
 
 def route_address(zmq_addr: str) -> str:
@@ -421,6 +425,8 @@ class StageWorker:
             raise
         except ControllerLost as lost:
             self._after_controller_lost(links, lost)
+        except StepFaulted as fault:
+            self._after_step_fault(fault)
         except Exception:
             self._after_pipeline_broke(links)
         self._leave_pipeline(links)
@@ -488,6 +494,27 @@ class StageWorker:
         # up, so leave at once; the supervisor restarts this worker, which registers again and
         # joins the rebuilt pipeline.
         logger.exception("the pipeline broke; exiting to be restarted")
+        logging.shutdown()
+        os._exit(EXIT_PIPELINE_BROKEN)
+
+    def _after_step_fault(self, fault: StepFaulted) -> NoReturn:
+        """This worker's step raised. The peers mid-step with it wait for activations or an
+        all-reduce that will not come, and torch.distributed cannot be trusted after that, so
+        the worker exits to be restarted, as after a broken link; first it tells the controller
+        which micro-batch failed, so that its requests are quarantined rather than requeued to
+        fail the rebuilt pipeline again."""
+        logger.error("%s; telling the controller, then exiting", fault, exc_info=fault)
+        assert self.shard is not None
+        report = stage_pb2.StepFault(
+            batch_id=fault.batch_id,
+            stage=self.shard.stage,
+            tp_rank=self.shard.tp_rank,
+            error=f"{type(fault.cause).__name__}: {fault.cause}"[:_MAX_FAULT_TEXT],
+        )
+        try:
+            self._control.send_last(stage_pb2.WorkerMessage(fault=report), _FAULT_LINGER_S)
+        except zmq.ZMQError as err:
+            logger.warning("the step fault could not be sent: %s", err)
         logging.shutdown()
         os._exit(EXIT_PIPELINE_BROKEN)
 
@@ -567,7 +594,8 @@ class StageWorker:
         assert timer is not None
         timer.begin(self._control.received_at)
         try:
-            step = runner.prepare(plan)
+            with step_faults(plan.batch_id):
+                step = runner.prepare(plan)
         except PlanError as err:
             # Every worker sees the same plan and state, so all refuse it alike and no
             # stage waits for activations that will not come.
@@ -591,10 +619,12 @@ class StageWorker:
                 )
             timer.recv_wait_s += timer.lap()
         t0 = time.monotonic()
-        hidden = runner.forward(step, hidden_in)
+        with step_faults(plan.batch_id):
+            hidden = runner.forward(step, hidden_in)
         timer.forward_s += timer.lap()
         if shard.is_last:
-            self._sample_and_send(runner, step, hidden, timer)
+            with step_faults(plan.batch_id):
+                self._sample_and_send(runner, step, hidden, timer)
         else:
             # The send first waits for our last one, which the next stage takes in its step.
             sending = PeerWait(shard.stage + 1, self._last_batch_id)
@@ -646,6 +676,21 @@ class StageWorker:
             if step.prompt_chunks:
                 pack_prompt_logprobs(result, prompt_logprobs(runner, step, hidden))
             self._send(stage_pb2.WorkerMessage(result=result))
+
+
+@contextlib.contextmanager
+def step_faults(batch_id: int) -> Iterator[None]:
+    """An exception of the step's own work becomes StepFaulted (the controller hears of it);
+    a refused plan and a broken link (a peer or the controller gone) pass as they are. The
+    links to peers also run inside the forward pass with TP > 1 (all-reduce): a failure there
+    that torch does not raise as a distributed error is reported as a fault too, which costs
+    the requests of that micro-batch a trial alone (quarantine.py), not their answers."""
+    try:
+        yield
+    except (PlanError, zmq.ZMQError, torch.distributed.DistError):
+        raise
+    except Exception as err:
+        raise StepFaulted(batch_id, err) from err
 
 
 def pack_logprobs(result: stage_pb2.StepResult, logprobs: list[TokenLogprobs | None]) -> None:

@@ -7,8 +7,10 @@ zeroed: `preparing_cache`).
 A plan goes to every worker of every stage at once; stages run plans in batch_id order, so the
 controller never has to time anything per stage.
 
-Failures: a worker unheard of for `heartbeat_timeout_s`, one the socket can no longer reach, or
-a result that does not fit its plan (the workers rejected the plan) takes the pipeline down.
+Failures: a worker unheard of for `heartbeat_timeout_s`, one the socket can no longer reach, a
+step that raised on a worker (its StepFault), or a result that does not fit its plan (the
+workers rejected the plan) takes the pipeline down; for the last two the engine hears which
+micro-batch first, and quarantines its requests (controller/scheduler/quarantine.py).
 Every other worker is told to exit (its supervisor restarts it), the engine requeues what was
 in flight, and the same start-up runs again; when all places are filled and ready, serving
 resumes with the same KV-cache size.
@@ -91,6 +93,10 @@ class PipelineExecutor:
         self.on_down: Callable[[str], None] = lambda reason: None
         self.on_up: Callable[[], None] = lambda: None
         self.on_refused: Callable[[str], None] = lambda reason: None
+        self.on_step_fault: Callable[[int, str], None] = lambda batch_id, reason: None
+        """Called with a micro-batch's id and why, when its step failed on a worker or the
+        workers rejected its plan, before the pipeline goes down (the engine quarantines its
+        requests: controller/scheduler/quarantine.py)."""
         self.on_task_failed: Callable[[str], None] = lambda name: None
         """Called with the name of this executor's task that raised (task_watch.py logs it):
         without its receive loop or watchdog the pipeline can never be served again."""
@@ -337,8 +343,21 @@ class PipelineExecutor:
                 await self._on_ready(identity, msg.ready)
             elif kind == "alive":
                 pass  # a worker mid-step: being heard from (last_seen_s above) is the message
+            elif kind == "fault":
+                await self._on_fault(msg.fault)
             else:
                 log.warning("unexpected %s from %s", kind, info and info.worker_id)
+
+    async def _on_fault(self, fault: stage_pb2.StepFault) -> None:
+        """A worker's step raised, and the worker exits: the engine hears which micro-batch
+        (also from a worker of the pipeline already down: the requeue may have come first),
+        and the pipeline is rebuilt without waiting for the worker's silence."""
+        reason = (
+            f"stage {fault.stage} rank {fault.tp_rank} failed micro-batch {fault.batch_id}: "
+            f"{fault.error}"
+        )
+        self.on_step_fault(fault.batch_id, reason)
+        await self.fail(reason, [fault.stage])
 
     async def _deliver_or_rebuild(
         self, result: stage_pb2.StepResult, on_result: ResultHandler
@@ -351,10 +370,12 @@ class PipelineExecutor:
             self._deliver(result, on_result)
         except ValueError as err:  # ResultHandler's contract
             if not result.seq_ids:
-                await self.fail(
+                reason = (
                     f"the workers rejected the plan of micro-batch {result.batch_id} (an empty "
                     "result; the last stage's log says why)"
                 )
+                self.on_step_fault(result.batch_id, reason)
+                await self.fail(reason)
                 return
             # Not something a worker sends: a bug on one side or the other, so the traceback.
             reason = f"the result of micro-batch {result.batch_id} does not fit its plan: {err}"

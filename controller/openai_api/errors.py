@@ -76,6 +76,12 @@ def queue_full(retry_after_s: float) -> ApiError:
     )
 
 
+def request_failed(message: str) -> ApiError:
+    """500: the request's step failed on the workers, alone too (quarantine.py); not retried
+    by the SDK's own rules, as the same request would fail the same way."""
+    return ApiError(500, message, error_type="server_error", code="request_failed")
+
+
 def bad_api_key() -> ApiError:
     return ApiError(
         401,

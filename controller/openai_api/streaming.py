@@ -17,6 +17,7 @@ from starlette.types import Receive
 
 from controller.engine import RequestHandle, StreamEvent
 from controller.logprobs import TokenLogprobs
+from controller.openai_api.errors import request_failed
 from controller.openai_api.logprobs import LogprobsFormatter
 from controller.openai_api.responses import (
     ResponseIds,
@@ -27,6 +28,7 @@ from controller.openai_api.responses import (
 )
 from controller.openai_api.state import EngineLike
 from controller.openai_api.validation import Echo
+from controller.scheduler import FinishReason
 from controller.tool_calls import ToolSpec, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,8 @@ async def collect(handle: RequestHandle, engine: EngineLike, receive: Receive) -
     try:
         while len(answers) < handle.n:
             event = await handle.events.get()
+            if event.finish_reason is FinishReason.ERROR:
+                raise request_failed(event.error)  # the engine aborted the other choices
             answer = collecting[event.choice].add(event)
             if answer is not None:
                 answers[event.choice] = answer
@@ -173,6 +177,12 @@ async def sse_stream(
                 )
         while num_ended < n:
             event = await handle.events.get()
+            if event.finish_reason is FinishReason.ERROR:
+                # OpenAI's SDKs raise an APIError for a chunk with `error`; the engine aborted
+                # the other choices, so the stream ends here.
+                yield sse(request_failed(event.error).to_json())
+                yield SSE_DONE
+                return
             state = choices[event.choice]
             for line in state.lines(ids, options, event):
                 yield line

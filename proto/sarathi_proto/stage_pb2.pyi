@@ -232,19 +232,33 @@ class StepPhases(_message.Message):
     send_s: float
     def __init__(self, num_steps: _Optional[int] = ..., num_tokens: _Optional[int] = ..., step_s: _Optional[float] = ..., prepare_s: _Optional[float] = ..., recv_wait_s: _Optional[float] = ..., linear_s: _Optional[float] = ..., attention_s: _Optional[float] = ..., forward_other_s: _Optional[float] = ..., logits_s: _Optional[float] = ..., sample_s: _Optional[float] = ..., send_s: _Optional[float] = ...) -> None: ...
 
+class StepFault(_message.Message):
+    __slots__ = ("batch_id", "stage", "tp_rank", "error")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    stage: int
+    tp_rank: int
+    error: str
+    def __init__(self, batch_id: _Optional[int] = ..., stage: _Optional[int] = ..., tp_rank: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "ready", "result", "heartbeat", "alive")
+    __slots__ = ("hello", "ready", "result", "heartbeat", "alive", "fault")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
     hello: WorkerHello
     ready: WorkerReady
     result: StepResult
     heartbeat: Heartbeat
     alive: bool
-    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., alive: _Optional[bool] = ...) -> None: ...
+    fault: StepFault
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., ready: _Optional[_Union[WorkerReady, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., alive: _Optional[bool] = ..., fault: _Optional[_Union[StepFault, _Mapping]] = ...) -> None: ...
 
 class Reject(_message.Message):
     __slots__ = ("reason",)

@@ -3,14 +3,42 @@ benchmarks' byte-level BPE tokenizer with a chat template. Tests only."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from sarathictl.bench.random_model import write_byte_tokenizer
+from sarathictl.local_cluster import LocalCluster
 
 from tests.unit.stage_worker import tiny_models
 
 VOCAB_SIZE = 320  # the tokenizer uses 300 of them; the rest are never produced by it
+
+Cluster = TypeVar("Cluster", bound=LocalCluster)
+
+
+@contextmanager
+def supervised(cluster: Cluster, start_timeout_s: float = 240) -> Iterator[Cluster]:
+    """The cluster started, with what `sarathictl up` does meanwhile: restart the children
+    that exit (workers told to, or crashed); stopped after."""
+    cluster.start(timeout_s=start_timeout_s)
+    stopped = threading.Event()
+
+    def supervise() -> None:
+        while not stopped.wait(0.2):
+            cluster.supervise()
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
+    try:
+        yield cluster
+    finally:
+        stopped.set()
+        supervisor.join()
+        cluster.stop()
 
 
 def make_tiny_served_model(out_dir: Path, seed: int = 0, num_layers: int = 4) -> Path:

@@ -8,7 +8,6 @@ workers' would."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,11 @@ import pytest
 from sarathi_proto import generate_pb2, generate_pb2_grpc
 from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
 
-from tests.integration.cluster_factories import make_tiny_served_model, oracle_greedy
+from tests.integration.cluster_factories import (
+    make_tiny_served_model,
+    oracle_greedy,
+    supervised,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -47,22 +50,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RejectingClust
         model_dir=str(model_dir), pp=2, budget_tokens=64, port=0, kv_cache_bytes=16 << 20,
         log_dir=str(tmp_path_factory.mktemp("logs")),
     )  # fmt: skip
-    running = RejectingCluster(config)
-    running.start(timeout_s=240)
-    stopped = threading.Event()
-
-    def supervise() -> None:  # what `sarathictl up` does: restart the workers told to exit
-        while not stopped.wait(0.2):
-            running.supervise()
-
-    supervisor = threading.Thread(target=supervise, daemon=True)
-    supervisor.start()
-    try:
+    with supervised(RejectingCluster(config)) as running:
         yield running
-    finally:
-        stopped.set()
-        supervisor.join()
-        running.stop()
 
 
 def stream_tokens(stub: generate_pb2_grpc.GenerationStub, prompt: list[int]) -> list[int]:

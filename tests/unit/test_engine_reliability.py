@@ -12,13 +12,14 @@ from controller.admission import (
     QueueFullError,
     WhileDown,
 )
-from controller.engine import Engine
+from controller.engine import Engine, GenerationRequest, StreamEvent
 from controller.overload_watch import OverloadTracker, watch_overload
 from controller.scheduler import (
     CacheConfig,
     ConfigError,
     FinishReason,
     MicroBatch,
+    RequestParams,
     Scheduler,
     SchedulerConfig,
 )
@@ -207,3 +208,63 @@ def test_a_burst_refused_and_drained_between_two_looks_is_still_one_overload() -
         return starts
 
     assert asyncio.run(main()) == ["2 requests queued (max_queued_requests=2)"]
+
+
+class PoisonPipeline(LossyPipeline):
+    """A micro-batch holding `poison` in a chunk's tokens fails on the workers: the engine
+    hears which (on_step_fault), then the pipeline goes down and comes back, as the executor
+    drives it."""
+
+    poison = 999
+
+    async def submit(self, batch: MicroBatch) -> None:
+        if not any(self.poison in c.token_ids for c in batch.chunks):
+            await super().submit(batch)
+            return
+        assert self.engine is not None
+        engine = self.engine
+        loop = asyncio.get_running_loop()
+
+        def fail() -> None:
+            self.drop_all()
+            engine.on_step_fault(batch.batch_id, f"micro-batch {batch.batch_id}: boom")
+            engine.on_pipeline_down()
+            loop.call_later(0.005, engine.on_pipeline_up)
+
+        self._pending.append(loop.call_later(0.002, fail))
+
+
+def test_a_request_that_fails_every_step_ends_with_an_error_and_the_others_are_served() -> None:
+    async def run(poisoned: bool) -> tuple[list[list[int]], list[StreamEvent]]:
+        sched = Scheduler(
+            SchedulerConfig(budget_tokens=16, tile_tokens=1, max_num_seqs=8),
+            CacheConfig(num_blocks=256, block_size=16),
+        )
+        pipeline = PoisonPipeline()
+        engine = Engine(sched, pipeline, lambda r: CharStream(r.stop))
+        pipeline.engine = engine
+        loop_task = asyncio.create_task(engine.run())
+        handles = [engine.add(request(f"r{i}", prompt_len=10 + i, max_tokens=30)) for i in range(2)]
+        bad_events: list[StreamEvent] = []
+        if poisoned:
+            await asyncio.sleep(0.01)  # the others decode when it arrives
+            prompt = [1, 2, PoisonPipeline.poison, 3]
+            bad = engine.add(GenerationRequest("bad", prompt, RequestParams(max_tokens=5), n=2))
+            for _ in range(2):  # one event per choice: the error, and the other choice aborted
+                bad_events.append(await asyncio.wait_for(bad.events.get(), 5))
+            assert bad.finished
+        streams = []
+        for handle in handles:
+            events = await collect(handle.events)
+            streams.append([t for e in events for t in e.token_ids])
+        loop_task.cancel()
+        assert engine.num_active_requests == 0 and sched.kv_usage == 0.0
+        return streams, bad_events
+
+    undisturbed, _ = asyncio.run(run(poisoned=False))
+    streams, bad_events = asyncio.run(run(poisoned=True))
+    assert streams == undisturbed
+    reasons = sorted(e.finish_reason.value for e in bad_events if e.finish_reason)
+    assert reasons == ["abort", "error"]
+    [error] = [e for e in bad_events if e.finish_reason is FinishReason.ERROR]
+    assert "quarantined" in error.error and "boom" in error.error, error
