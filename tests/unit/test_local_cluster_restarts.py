@@ -1,5 +1,6 @@
-"""`up --local` restarts children that exit, and gives up only on a crash loop: max_restarts
-in a row, each within restart_window_s of the one before, not in the cluster's whole life."""
+"""`up --local` restarts children that exit, and gives up only on a crash loop: one child's
+max_restarts in a row, each within restart_window_s of the one before, not in the cluster's
+whole life, and not the restarts of every worker that a lost stage makes."""
 
 from __future__ import annotations
 
@@ -44,6 +45,27 @@ def test_a_quiet_window_starts_the_count_again(
         assert cluster.supervise() == ["worker"]
         now[0] += 30.0
     with pytest.raises(RuntimeError, match="worker exited with code 1; its log ends:\nit died"):
+        cluster.supervise()
+
+
+def test_every_worker_leaving_a_broken_pipeline_counts_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost stage restarts every worker: a rebuild. With eight workers and a budget of three,
+    three rebuilds in a row are within it, a fourth is not."""
+    cluster = cluster_with_a_dying_worker(tmp_path, monkeypatch)
+    names = [f"stage{s}-rank{r}" for s in range(4) for r in range(2)]
+    for name in names:
+        cluster._commands[name] = ([], {})
+        (tmp_path / f"{name}.log").write_text("the pipeline broke\n")
+    cluster.procs = [(name, ExitedProcess()) for name in names]  # type: ignore[misc]
+    now = [1000.0]
+    monkeypatch.setattr(local_cluster.time, "monotonic", lambda: now[0])
+    for _ in range(3):
+        assert cluster.supervise() == names
+        now[0] += 5.0
+    assert cluster.num_restarts == 24
+    with pytest.raises(RuntimeError, match="stage0-rank0 exited with code 1"):
         cluster.supervise()
 
 

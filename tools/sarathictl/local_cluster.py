@@ -134,14 +134,13 @@ class LocalClusterConfig:
     extra_worker_args: tuple[str, ...] = ()
     """More flags for every `python -m stage_worker`."""
     max_restarts: int = 20
-    """supervise(): most restarts of the children in a row before giving up (a crash loop). A
-    worker that dies costs pp * tp of them: every worker leaves the broken pipeline, so with 8
-    workers two or three lost stages in a row spend it (counting rebuilds rather than
-    processes would not: not done yet)."""
+    """supervise(): most restarts of one child in a row before giving up (a crash loop). Each
+    child counts its own: a lost stage restarts every worker once (all leave the broken
+    pipeline), so it costs one of each child's, as one rebuild, whatever pp * tp."""
     restart_window_s: float = 600.0
-    """A restart this long after the one before starts the count again: a cluster up for weeks
-    is not taken down by its tenth unrelated crash, while a loop slower than the model's load
-    (one crash a minute) still ends."""
+    """A child's restart this long after its one before starts its count again: a cluster up
+    for weeks is not taken down by its tenth unrelated crash, while a loop slower than the
+    model's load (one crash a minute) still ends."""
 
     def __post_init__(self) -> None:
         if self.pp < 1 or self.tp < 1:
@@ -192,10 +191,9 @@ class LocalCluster:
     log_dir: Path = field(default_factory=Path)
     num_restarts: int = 0
     """Children restarted by supervise() so far."""
-    restarts_in_a_row: int = 0
-    """Restarts with less than restart_window_s between each and the one before."""
-    last_restart_at: float = -math.inf
-    """time.monotonic() of the last restart."""
+    restarts_in_a_row: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """By child: its restarts with less than restart_window_s between each and the one before,
+    and time.monotonic() of the last."""
     _commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
@@ -335,24 +333,24 @@ class LocalCluster:
     def supervise(self) -> list[str]:
         """Restarts every child that exited (a killed worker, or one that left a broken
         pipeline; the controller on its fixed ports). Returns the names restarted. Raises
-        RuntimeError, as check_alive, once max_restarts are spent in a row."""
+        RuntimeError, as check_alive, once a child has spent max_restarts in a row."""
         restarted = []
         for index, (name, proc) in enumerate(self.procs):
             code = proc.poll()
             if code is None:
                 continue
             now = time.monotonic()
-            if now - self.last_restart_at > self.config.restart_window_s:
-                self.restarts_in_a_row = 0
-            if self.restarts_in_a_row >= self.config.max_restarts:
+            in_a_row, last_at = self.restarts_in_a_row.get(name, (0, -math.inf))
+            if now - last_at > self.config.restart_window_s:
+                in_a_row = 0
+            if in_a_row >= self.config.max_restarts:
                 self.check_alive()
             log.warning("%s %s: restarting it", name, exit_reason(code))
             args, env = self._commands[name]
             self._spawn(name, args, env)
             self.procs[index] = self.procs.pop()  # _spawn appended the new process
             self.num_restarts += 1
-            self.restarts_in_a_row += 1
-            self.last_restart_at = now
+            self.restarts_in_a_row[name] = (in_a_row + 1, now)
             restarted.append(name)
         return restarted
 
