@@ -67,7 +67,9 @@ class ControlSocket:
         before parsing, or from those the keepalive thread kept (a step's time starts there,
         not while the step before it ran)."""
         self._busy = threading.Event()
-        self._hearing: tuple[PeerWait, Callable[[], object], Callable[[], object]] | None = None
+        self._hearing: tuple[PeerWait | None, Callable[[], object], Callable[[], object]] | None = (
+            None
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive, name="keepalive", daemon=True)
 
@@ -126,14 +128,14 @@ class ControlSocket:
     @contextlib.contextmanager
     def hearing(
         self,
-        wait: PeerWait,
+        wait: PeerWait | None,
         neighbour_busy: Callable[[], object],
         pipeline_down: Callable[[], object],
     ) -> Iterator[None]:
-        """While inside (a step waiting on a neighbour), the keepalive thread reads the
-        controller's messages: it calls neighbour_busy for each ping that says so, and
-        pipeline_down for a shutdown (the controller took the pipeline down: whatever the
-        neighbour does, this step's result is not wanted)."""
+        """While inside (a step waiting on a neighbour; joining the pipeline: wait None), the
+        keepalive thread reads the controller's messages: it calls neighbour_busy for each ping
+        that says so, and pipeline_down for a shutdown (the controller took the pipeline down:
+        whatever the neighbour does, this step's result is not wanted)."""
         self._hearing = (wait, neighbour_busy, pipeline_down)
         try:
             yield
@@ -169,7 +171,7 @@ class ControlSocket:
 
     def _read_while_waiting(
         self,
-        wait: PeerWait,
+        wait: PeerWait | None,
         neighbour_busy: Callable[[], object],
         pipeline_down: Callable[[], object],
     ) -> None:
@@ -180,7 +182,7 @@ class ControlSocket:
             self.heard_s = time.monotonic()
             msg = stage_pb2.ControllerMessage.FromString(data)
             if msg.HasField("ping"):
-                if wait.neighbour_busy(msg.ping.last_batch_ids):
+                if wait is not None and wait.neighbour_busy(msg.ping.last_batch_ids):
                     neighbour_busy()
                 continue
             self._inbox.append(msg)

@@ -290,7 +290,8 @@ class StageWorker:
                 raise SystemExit(0)
             if msg.HasField("reject"):
                 raise WorkerRejected(f"the controller refused this worker: {msg.reject.reason}")
-            logger.warning("ignoring %s before the assignment", msg.WhichOneof("body"))
+            if not msg.HasField("ping"):  # a ping: the controller checking this worker is there
+                logger.warning("ignoring %s before the assignment", msg.WhichOneof("body"))
 
     def _load(self, shard: ShardSpec, tp_group: TPGroup) -> StageModel:
         cfg = self.config
@@ -379,7 +380,8 @@ class StageWorker:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", assignment.socket_ifname)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", assignment.socket_ifname)
         backend = choose_backend(cfg.comm_backend, cfg.device)
-        tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device, backend)
+        with self._until_told_to_leave("joining torch.distributed"):
+            tp_group = init_distributed(shard, assignment.dist_init_method, cfg.device, backend)
         try:
             return self._serve_pipeline(shard, tp_group, backend)
         except ControllerChanged:
@@ -388,7 +390,8 @@ class StageWorker:
 
     def _serve_pipeline(self, shard: ShardSpec, tp_group: TPGroup, backend: str) -> int:
         cfg = self.config
-        model = self._stage_model(shard, tp_group)
+        with self._until_told_to_leave("loading the stage"):
+            model = self._stage_model(shard, tp_group)
         spec = model.spec
         dtype = DTYPES[cfg.dtype]
         per_block = bytes_per_block(
@@ -471,6 +474,22 @@ class StageWorker:
                 last_s = time.monotonic()
 
         return beat
+
+    @contextlib.contextmanager
+    def _until_told_to_leave(self, what: str) -> Iterator[None]:
+        """Joining torch.distributed and loading take long and do not read the socket. A
+        shutdown meanwhile means the controller started the rebuild over (a worker of this
+        world is gone: the join would wait for it until its timeout), so the process exits, to
+        be restarted, as after a broken pipeline. The keepalive thread reads it, and says the
+        worker lives meanwhile."""
+
+        def told() -> None:
+            logger.warning("the controller started over while %s; exiting", what)
+            logging.shutdown()
+            os._exit(EXIT_PIPELINE_BROKEN)
+
+        with self._control.busy(), self._control.hearing(None, lambda: None, told):
+            yield
 
     def _after_controller_lost(self, links: PipelineLinks, lost: ControllerLost) -> NoReturn:
         """A dead controller's silence and its key's change in etcd come about together (its

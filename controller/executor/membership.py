@@ -68,6 +68,19 @@ class PipelineSlots:
         self.workers[place] = info
         return info
 
+    def in_the_way(self, hello: stage_pb2.WorkerHello) -> list[WorkerInfo]:
+        """The workers whose places keep hello's sender out: the holder of the place it asks
+        for, or every worker when it asks for none and none is free."""
+        if hello.stage >= 0 or hello.tp_rank >= 0:
+            holder = self.workers.get((hello.stage, hello.tp_rank))
+            return [] if holder is None else [holder]
+        return list(self.workers.values()) if self.full else []
+
+    def release(self, info: WorkerInfo) -> None:
+        """Frees info's place (its worker is gone)."""
+        if self.workers.get((info.stage, info.tp_rank)) is info:
+            del self.workers[(info.stage, info.tp_rank)]
+
     def by_identity(self, identity: bytes) -> WorkerInfo | None:
         for info in self.workers.values():
             if info.identity == identity:

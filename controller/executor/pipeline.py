@@ -105,6 +105,8 @@ class PipelineExecutor:
         self.last_refused: tuple[str, str] = ("", "")
         """(worker_id, host) of the last worker refused: the events find its pod with them."""
         self._on_result: ResultHandler | None = None
+        self._assigned = False
+        """Every place was filled and assigned since the pipeline last went down."""
         self._all_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -130,6 +132,7 @@ class PipelineExecutor:
         return min(w.num_kv_blocks for w in self.slots.workers.values())
 
     async def _on_hello(self, identity: bytes, hello: stage_pb2.WorkerHello) -> None:
+        await self._make_way(hello)
         try:
             info = self.slots.claim(identity, hello)
         except ValueError as err:
@@ -154,8 +157,46 @@ class PipelineExecutor:
         )
         if self.slots.full:
             # Everyone is present: now the rendezvous (hosted by rank 0) is known to all.
+            self._assigned = True
             for worker in self.slots.workers.values():
                 await self._assign(worker)
+
+    async def _make_way(self, hello: stage_pb2.WorkerHello) -> None:
+        """Before a worker is refused a place that is taken: a holder whose socket is gone (a
+        worker killed while the pipeline was being rebuilt, or before its loss was noticed, whose
+        successor is saying hello) gives the place up. Up, that is a lost stage, as any. Down,
+        the place is freed; once the places were assigned, the others may be joining
+        torch.distributed with the dead one, so the rebuild starts over."""
+        in_the_way = self.slots.in_the_way(hello)
+        gone = [info for info in in_the_way if not await self._reachable(info)]
+        if not gone:
+            return
+        reason = "; ".join(
+            f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) is gone" for info in gone
+        )
+        reason += f", and {hello.worker_id} asks for a place"
+        stages = [info.stage for info in gone]
+        if self.up:
+            await self.fail(reason, stages)
+        elif self._assigned:
+            log.warning("the rebuild starts over: %s", reason)
+            self._down_for(reason, stages)
+            await self._start_over()
+        else:
+            log.warning("freeing places: %s", reason)
+            for info in gone:
+                self.slots.release(info)
+
+    async def _reachable(self, info: WorkerInfo) -> bool:
+        """False when the worker's socket is gone (ROUTER_MANDATORY refuses the send); a send
+        that waits (a full queue to a busy worker) counts as reachable."""
+        try:
+            await asyncio.wait_for(self.channel.send_bytes(info.identity, self._ping()), 1.0)
+        except zmq.ZMQError:
+            return False
+        except TimeoutError:
+            pass
+        return True
 
     async def _assign(self, info: WorkerInfo) -> None:
         dist_host = self.dist_host or self.slots.workers[(0, 0)].host
@@ -219,11 +260,19 @@ class PipelineExecutor:
         if not self.up:
             return
         log.error("pipeline down: %s; rebuilding", reason)
-        self.up, self.down_reason, self.down_since_s = False, reason, time.monotonic()
-        self.down_stages = tuple(sorted(set(stages)))
+        self.up, self.down_since_s = False, time.monotonic()
+        self._down_for(reason, stages)
         self.on_down(reason)
+        await self._start_over()
+
+    def _down_for(self, reason: str, stages: Sequence[int]) -> None:
+        self.down_reason, self.down_stages = reason, tuple(sorted(set(stages)))
+
+    async def _start_over(self) -> None:
+        """Every place freed and every worker told to exit, for a new start-up."""
         old = list(self.slots.workers.values())
         self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
+        self._assigned = False
         self._all_ready.clear()
         self.phases.forget_in_flight()
         if self.step_log is not None:

@@ -144,3 +144,73 @@ def test_pings_carry_each_stages_progress_and_stop_once_a_worker_is_silent() -> 
     asyncio.run(one_round())
     assert not pipeline.up and "stage 1 rank 0 (w) sent no heartbeat" in pipeline.down_reason
     assert [m.WhichOneof("body") for _, m in channel.sent] == ["shutdown", "shutdown"]
+
+
+def run_hellos(pipeline: PipelineExecutor, *hellos: tuple[bytes, Any]) -> None:
+    async def main() -> None:
+        for identity, message in hellos:
+            await pipeline._on_hello(identity, message)
+
+    asyncio.run(main())
+
+
+def bodies_to(channel: RecordingChannel, identity: bytes) -> list[str | None]:
+    return [m.WhichOneof("body") for i, m in channel.sent if i == identity]
+
+
+def test_a_place_held_by_a_worker_gone_mid_rebuild_goes_to_its_successor() -> None:
+    """Killed after its hello, before the others came: its place is freed for the restarted
+    worker (it was refused as "already served" until its restart budget ran out)."""
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=2, tp=1), "m", "", 29500
+    )
+    run_hellos(pipeline, (b"dead", hello(stage=1, rank=0, worker="dead")))
+    channel.gone.add(b"dead")
+    run_hellos(pipeline, (b"new", hello(stage=1, rank=0, worker="new")))
+    assert pipeline.slots.workers[(1, 0)].worker_id == "new"
+    assert "reject" not in bodies_to(channel, b"new")
+    # A holder that is there (a busy worker) keeps its place: the newcomer is refused.
+    run_hellos(pipeline, (b"other", hello(stage=1, rank=0, worker="other")))
+    assert bodies_to(channel, b"other") == ["reject"]
+    assert pipeline.slots.workers[(1, 0)].worker_id == "new"
+
+
+def test_once_the_places_were_assigned_a_gone_worker_starts_the_rebuild_over() -> None:
+    channel = GoneWorkersChannel(gone=set())
+    ports = iter([29601, 29602])
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=2, tp=1), "m", "", 29500,
+        new_dist_port=lambda: next(ports),
+    )  # fmt: skip
+    run_hellos(
+        pipeline,
+        (b"s0", hello(stage=0, rank=0, worker="s0")),
+        (b"dead", hello(stage=1, rank=0, worker="dead")),
+    )
+    assert bodies_to(channel, b"s0") == ["assignment"]  # joining torch.distributed with dead
+    channel.gone.add(b"dead")
+    run_hellos(pipeline, (b"new", hello(stage=1, rank=0, worker="new")))
+    assert bodies_to(channel, b"s0") == ["assignment", "shutdown"]  # to start over
+    assert list(pipeline.slots.workers) == [(1, 0)] and pipeline.dist_port == 29601
+    assert "dead) is gone, and new asks for a place" in pipeline.down_reason
+    run_hellos(pipeline, (b"s0b", hello(stage=0, rank=0, worker="s0b")))
+    assignment = [m for i, m in channel.sent if i == b"new"][-1].assignment
+    assert assignment.dist_init_method.endswith(":29601")
+
+
+def test_while_up_a_successor_saying_hello_takes_the_gone_workers_stage_down() -> None:
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=2, tp=1), "m", "", 29500
+    )
+    for stage in range(2):
+        pipeline.slots.claim(f"s{stage}".encode(), hello(stage=stage, rank=0, worker=f"s{stage}"))
+    pipeline.up = True
+    downs: list[str] = []
+    pipeline.on_down = downs.append
+    channel.gone.add(b"s1")
+    run_hellos(pipeline, (b"new", hello(stage=1, rank=0, worker="new")))
+    assert not pipeline.up and downs == ["stage 1 rank 0 (s1) is gone, and new asks for a place"]
+    assert pipeline.down_stages == (1,)
+    assert pipeline.slots.workers[(1, 0)].worker_id == "new"
