@@ -111,9 +111,13 @@ class ControlSocket:
         The keepalive thread finds the lock held or the socket closed, and stops."""
         self._stop.set()
         with self._lock:
-            self._sock.send(msg.SerializeToString())
-            # Closes every socket of the context, waiting for their queued messages (linger).
-            self._sock.context.destroy(linger=int(linger_s * 1000))
+            try:
+                # Not blocking: a queue full of messages to a controller that reads none
+                # would hold the exit for ever.
+                self._sock.send(msg.SerializeToString(), zmq.NOBLOCK)
+            finally:
+                # Every socket of the context closed, its queued messages waited for (linger).
+                self._sock.context.destroy(linger=int(linger_s * 1000))
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:

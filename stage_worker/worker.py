@@ -647,11 +647,16 @@ class StageWorker:
         else:
             # The send first waits for our last one, which the next stage takes in its step.
             sending = PeerWait(shard.stage + 1, self._last_batch_id)
-            with self._waiting_on("sending activations to the next stage", sending):
+            # The step's own kernels may fail only now, in the send that waits for them.
+            with (
+                self._waiting_on("sending activations to the next stage", sending),
+                device_faults(plan.batch_id),
+            ):
                 links.send(hidden)
         timer.send_s += timer.lap()
         if runner.model.device.startswith("cuda"):
-            torch.cuda.synchronize()
+            with step_faults(plan.batch_id):  # an asynchronous kernel error surfaces here
+                torch.cuda.synchronize()
             timer.forward_s += timer.lap()  # the wait for the queued kernels
         timer.end(step.meta.num_tokens)
         busy_s = time.monotonic() - t0
@@ -709,6 +714,17 @@ def step_faults(batch_id: int) -> Iterator[None]:
     except (PlanError, zmq.ZMQError, torch.distributed.DistError):
         raise
     except Exception as err:
+        raise StepFaulted(batch_id, err) from err
+
+
+@contextlib.contextmanager
+def device_faults(batch_id: int) -> Iterator[None]:
+    """Around a link to a peer on CUDA: kernels run asynchronously, and an error of the step's
+    own (a device-side assert, an illegal address) may first surface in the send that waits for
+    them; that one becomes StepFaulted, a broken link passes as it is."""
+    try:
+        yield
+    except torch.AcceleratorError as err:
         raise StepFaulted(batch_id, err) from err
 
 

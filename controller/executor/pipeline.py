@@ -393,20 +393,21 @@ class PipelineExecutor:
             elif kind == "alive":
                 pass  # a worker mid-step: being heard from (last_seen_s above) is the message
             elif kind == "fault":
-                await self._on_fault(msg.fault)
+                await self._on_fault(msg.fault, current=info is not None)
             else:
                 log.warning("unexpected %s from %s", kind, info and info.worker_id)
 
-    async def _on_fault(self, fault: stage_pb2.StepFault) -> None:
+    async def _on_fault(self, fault: stage_pb2.StepFault, current: bool) -> None:
         """A worker's step raised, and the worker exits: the engine hears which micro-batch
-        (also from a worker of the pipeline already down: the requeue may have come first),
-        and the pipeline is rebuilt without waiting for the worker's silence."""
+        (also from a worker of a pipeline already down: the requeue may have come first), and
+        a current worker's pipeline is rebuilt without waiting for its silence."""
         reason = (
             f"stage {fault.stage} rank {fault.tp_rank} failed micro-batch {fault.batch_id}: "
             f"{fault.error}"
         )
         self.on_step_fault(fault.batch_id, reason)
-        await self.fail(reason, [fault.stage])
+        if current:
+            await self.fail(reason, [fault.stage])
 
     async def _deliver_or_rebuild(
         self, result: stage_pb2.StepResult, on_result: ResultHandler

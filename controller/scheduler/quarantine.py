@@ -11,8 +11,10 @@ micro-batch (`Sequence.num_step_faults`):
   FinishReason.ERROR, and so does one in MAX_STEP_FAULTS failed micro-batches (a fault that needs
   company, e.g. an n > 1 request's choices, which run together).
 - The others are suspects. Before anything else is admitted again, each suspect runs alone, oldest
-  first: from its recompute through one token past the chunk that failed (`clear_at`). Passing,
-  it is cleared and preempted, to rejoin the queue where it arrived; failing, it fails alone.
+  first: from its recompute through the chunk that failed and one position past it (`clear_at`).
+  Passing, it is cleared and preempted, to rejoin the queue where it arrived; failing, it fails
+  alone. An n > 1 request's choices still waiting for their leader's prompt compute it
+  themselves after the trials rather than fork from the leader on trial.
 
 A fault that is not a request's (a transient error) costs each suspect a trial and a second
 recompute, and the queue the wait for their trials; a bad request costs one more rebuild.
@@ -32,51 +34,75 @@ MAX_STEP_FAULTS = 3
 class Quarantine:
     def __init__(self) -> None:
         self.suspects: dict[int, Sequence] = {}
-        """By seq id, in the order they became suspects."""
+        """By seq id."""
         self.clear_at: dict[int, int] = {}
-        """Each suspect's num_tokens once a token yielded after the failed chunk and one more
-        position is back: its trial is passed."""
+        """Each suspect's trial is passed once a chunk of it ending here has come back: one
+        position past the furthest chunk of it that failed."""
         self.on_trial: Sequence | None = None
         """The suspect running alone now; no other sequence is admitted meanwhile."""
+        self.trial_end = 0
+        """The furthest end of a chunk of the one on trial that has come back in its trial."""
         self.lost: dict[int, MicroBatch] = {}
-        """The micro-batches in flight when the pipeline last went down, by batch id: a fault
-        report may arrive after the requeue (the executor saw the worker gone first)."""
+        """The micro-batches in flight when the pipeline last went down, by batch id, but those
+        judged: a fault report may arrive after the requeue (the executor saw the worker gone
+        first)."""
+        self._judged: set[int] = set()
+        """Batches judged since the pipeline last went down: each TP rank of a stage runs the
+        same step and reports the same fault, which counts once."""
 
     @property
     def active(self) -> bool:
         return bool(self.suspects)
 
     def judge(self, batch: MicroBatch, live: Mapping[int, Sequence]) -> list[Sequence]:
-        """Counts batch's failure against each of its live sequences. Returns those that end
-        with an error (no longer suspects); the others are suspects now. Any trial under way
-        ends: the rebuild requeues everything, and the trials start again."""
+        """Counts batch's failure (once) against each of its live sequences. Returns those that
+        end with an error (no longer suspects); the others are suspects now. Any trial under
+        way ends: the rebuild requeues everything, and the trials start again."""
+        if batch.batch_id in self._judged:
+            return []
+        self._judged.add(batch.batch_id)
         chunk_ends: dict[int, int] = {}  # seq id -> end of its furthest chunk in batch
         for chunk in batch.chunks:
             end = chunk.first_position + chunk.num_tokens
             chunk_ends[chunk.seq_id] = max(chunk_ends.get(chunk.seq_id, 0), end)
-        seqs = [live[seq_id] for seq_id in chunk_ends if seq_id in live]
-        alone = len(seqs) == 1
+        # Alone: nothing else was in it, not even a sequence aborted since (the fault may be
+        # that one's).
+        alone = len(chunk_ends) == 1
         failed = []
-        for seq in seqs:
+        for seq in (live[seq_id] for seq_id in chunk_ends if seq_id in live):
             seq.num_step_faults += 1
             if (alone and seq.num_step_faults > 1) or seq.num_step_faults >= MAX_STEP_FAULTS:
                 failed.append(seq)
                 self.release(seq)
                 continue
             self.suspects[seq.seq_id] = seq
-            # Computing position `end` yields the token after it: num_tokens is then end + 2.
-            cleared = chunk_ends[seq.seq_id] + 2
+            cleared = chunk_ends[seq.seq_id] + 1
             self.clear_at[seq.seq_id] = max(self.clear_at.get(seq.seq_id, 0), cleared)
         self.on_trial = None
         return failed
 
-    def trial_over(self, seq: Sequence) -> bool:
-        """seq, on trial, has passed: its token after clear_at is back."""
-        return seq.num_tokens >= self.clear_at[seq.seq_id]
+    def start_trial(self, seq: Sequence) -> None:
+        self.on_trial, self.trial_end = seq, 0
+
+    def returned(self, batch: MicroBatch) -> None:
+        """batch's results are back: how far the one on trial got."""
+        assert self.on_trial is not None
+        seq_id = self.on_trial.seq_id
+        for chunk in batch.chunks:
+            if chunk.seq_id == seq_id:
+                self.trial_end = max(self.trial_end, chunk.first_position + chunk.num_tokens)
+
+    def trial_over(self) -> bool:
+        """The one on trial has passed: its chunks are back through the failed chunk and one
+        position more (a prompt's rest and one decode, or its recompute and one decode)."""
+        assert self.on_trial is not None
+        return self.trial_end >= self.clear_at[self.on_trial.seq_id]
 
     def next_suspect(self) -> Sequence | None:
         """The oldest suspect (suspects are live: the scheduler releases one that finishes)."""
-        return next(iter(self.suspects.values()), None)
+        if not self.suspects:
+            return None
+        return min(self.suspects.values(), key=lambda seq: (seq.arrival_time, seq.seq_id))
 
     def release(self, seq: Sequence) -> None:
         """seq is a suspect no more (passed, failed, or finished otherwise)."""
@@ -86,4 +112,5 @@ class Quarantine:
             self.on_trial = None
 
     def remember_lost(self, batches: Iterable[MicroBatch]) -> None:
-        self.lost = {batch.batch_id: batch for batch in batches}
+        self.lost = {b.batch_id: b for b in batches if b.batch_id not in self._judged}
+        self._judged.clear()

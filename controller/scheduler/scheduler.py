@@ -265,6 +265,8 @@ class Scheduler:
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise ValueError(f"micro-batch {batch_id} is not in flight")
+        if self.quarantine.on_trial is not None:
+            self.quarantine.returned(batch)
         if self.spread_decodes:
             del self.inflight_decodes[batch_id]
         self.inflight_prompt_tokens.pop(batch_id, None)
@@ -447,7 +449,7 @@ class Scheduler:
         quarantine = self.quarantine
         seq = quarantine.on_trial
         if seq is not None:
-            if not quarantine.trial_over(seq):
+            if not quarantine.trial_over():
                 return True
             quarantine.release(seq)  # passed
             if not quarantine.active:
@@ -461,9 +463,11 @@ class Scheduler:
         seq = quarantine.next_suspect()
         if seq is None:
             return self._end_trials()
+        if seq.seq_id in self.forks:
+            self._release_held(seq)  # they would fork into its trial: they wait instead
         self.waiting.remove(seq)  # queued: suspects are not held forks, and none runs now
         self.waiting.appendleft(seq)
-        quarantine.on_trial = seq
+        quarantine.start_trial(seq)
         return True
 
     def _end_trials(self) -> bool:
@@ -554,8 +558,9 @@ class Scheduler:
         self.admit(seq)
 
     def _release_held(self, leader: Sequence) -> None:
-        """The leader ended before its prompt was scheduled whole: the sequences waiting for it
-        are queued first, to compute the prompt themselves."""
+        """The leader ended (or goes on trial, quarantine.py) before its prompt was scheduled
+        whole: the sequences waiting for it are queued first, to compute the prompt
+        themselves."""
         followers = self.forks.pop(leader.seq_id, [])
         for seq in followers:
             del self._held[seq.seq_id]

@@ -214,3 +214,22 @@ def test_while_up_a_successor_saying_hello_takes_the_gone_workers_stage_down() -
     assert not pipeline.up and downs == ["stage 1 rank 0 (s1) is gone, and new asks for a place"]
     assert pipeline.down_stages == (1,)
     assert pipeline.slots.workers[(1, 0)].worker_id == "new"
+
+
+def test_a_fault_report_from_a_worker_of_an_earlier_pipeline_does_not_take_this_one_down() -> None:
+    """Its micro-batch is still the engine's to quarantine (the requeue may have come first)."""
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=1, tp=1), "m", "", 29500
+    )
+    pipeline.slots.claim(b"s0", hello(stage=0, rank=0))
+    pipeline.up = True
+    faults: list[tuple[int, str]] = []
+    pipeline.on_step_fault = lambda batch_id, reason: faults.append((batch_id, reason))
+    fault = stage_pb2.StepFault(batch_id=7, stage=0, tp_rank=0, error="RuntimeError: boom")
+    asyncio.run(pipeline._on_fault(fault, current=False))
+    assert pipeline.up and faults == [
+        (7, "stage 0 rank 0 failed micro-batch 7: RuntimeError: boom")
+    ]
+    asyncio.run(pipeline._on_fault(fault, current=True))
+    assert not pipeline.up and "failed micro-batch 7: RuntimeError: boom" in pipeline.down_reason

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from controller.scheduler import FinishReason, MicroBatch, Scheduler, Sequence
+from controller.scheduler import FinishReason, MicroBatch, RequestParams, Scheduler, Sequence
 from controller.scheduler.quarantine import MAX_STEP_FAULTS
 from tests.unit.scheduler.factories import FakePipeline, add_request, create_scheduler
 
@@ -188,6 +188,53 @@ def test_new_requests_wait_for_the_trials_and_aborted_suspects_are_let_go() -> N
     assert seqs[1].finish_reason is seqs[2].finish_reason is FinishReason.LENGTH
 
 
+def test_one_micro_batch_reported_twice_counts_once() -> None:
+    """Each TP rank of a stage runs the same step and reports the same fault, before or after
+    the requeue: one fault, so a lone request gets its trial rather than an error."""
+    sched = create_scheduler(budget_tokens=16)
+    seq = add_request(sched, 1, 12, 3)
+    [batch] = FakePipeline(sched).fill()
+    assert sched.on_step_fault(batch.batch_id) == []
+    assert sched.on_step_fault(batch.batch_id) == []
+    sched.reset_inflight()
+    assert sched.on_step_fault(batch.batch_id) == []
+    assert seq.num_step_faults == 1 and seq.finish_reason is None
+
+
+def test_a_sequence_is_not_alone_beside_one_aborted_since() -> None:
+    """The fault may be the aborted one's: the survivor of a failed micro-batch of two is a
+    suspect again, not convicted, though it had failed before."""
+    sched = create_scheduler(budget_tokens=16)
+    first, second = add_request(sched, 1, 6, 3), add_request(sched, 2, 6, 3)
+    pipe = FakePipeline(sched)
+    [batch] = pipe.fill()
+    first.num_step_faults = 1  # a fault before
+    sched.abort(second.seq_id)
+    assert sched.on_step_fault(batch.batch_id) == []
+    assert first.num_step_faults == 2 and list(sched.quarantine.suspects) == [1]
+
+
+def test_an_n_2_leader_on_trial_does_not_fork_into_it() -> None:
+    """The choices waiting for a suspect leader's prompt compute it themselves after its
+    trial: forked from it, they would run in the trial, which stays alone."""
+    sched = create_scheduler(budget_tokens=16)
+    prompt = [900_000 + i for i in range(20)]
+    leader, follower = sched.add_request_group(
+        [5, 6], prompt, [RequestParams(max_tokens=4)] * 2, 0.0
+    )
+    pipe = FaultyPipeline(sched)
+    [first] = pipe.fill()  # the leader's first chunk: its prompt is not whole yet
+    assert sched.on_step_fault(first.batch_id) == []
+    sched.reset_inflight()
+    pipe.inflight.clear()
+    # A trial that lasts past the leader's whole prompt (a fault in a prompt's middle chunk
+    # with more chunks built ahead at PP > 1 does the same).
+    sched.quarantine.clear_at[leader.seq_id] = 22
+    pipe.run_to_completion()
+    assert pipe.trial_batches >= 3  # the prompt in two chunks, then a decode: all alone
+    assert leader.finish_reason is follower.finish_reason is FinishReason.LENGTH
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     policy=st.sampled_from(["sarathi", "vllm", "orca", "chunked_only", "request_level"]),
@@ -198,6 +245,8 @@ def test_new_requests_wait_for_the_trials_and_aborted_suspects_are_let_go() -> N
     position=st.integers(0, 47),
     num_blocks=st.sampled_from([12, 1024]),
 )
+# A position mid-prompt: the trial must compute it again, not pass on the prompt's length.
+@example("sarathi", 1, False, [(4, 8), (30, 4)], 1, 20, 1024)
 def test_any_bad_position_of_any_request_ends_only_that_request(
     policy: str,
     depth: int,
@@ -236,5 +285,6 @@ def test_any_bad_position_of_any_request_ends_only_that_request(
             assert got == expected[seq.seq_id][: len(got)]
         else:
             assert seq.output_token_ids == expected[seq.seq_id]
+            assert seq.num_step_faults <= 1  # an innocent is charged for the first fault only
     assert not sched.quarantine.active
     assert sched.block_manager.num_free == sched.block_manager.num_blocks
