@@ -616,13 +616,13 @@ class StageWorker:
             with step_faults(plan.batch_id):
                 step = runner.prepare(plan)
         except PlanError as err:
-            # Every worker sees the same plan and state, so all refuse it alike and no
-            # stage waits for activations that will not come.
+            # Most checks are every stage's, but some only stage 0's (the token ids it embeds):
+            # each refusing stage says so at once, and the controller takes the pipeline down,
+            # so no stage waits long for activations that will not come.
             logger.error("rejected plan: %s", err)
-            if shard.is_last and shard.tp_rank == 0:
-                self._send(
-                    stage_pb2.WorkerMessage(result=stage_pb2.StepResult(batch_id=plan.batch_id))
-                )
+            if shard.tp_rank == 0:
+                refused = stage_pb2.StepResult(batch_id=plan.batch_id, rejected=True)
+                self._send(stage_pb2.WorkerMessage(result=refused))
             return
         timer.prepare_s += timer.lap()
         hidden_in = None

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # (batch id, seq id -> sampled token, seq id -> its log-probabilities where asked, seq id ->
 # prompt position -> log-probabilities where asked). Raises ValueError for a result that does
-# not fit its plan; an empty one (the workers' answer to a plan they rejected) applies nothing.
+# not fit its plan.
 ResultHandler = Callable[
     [int, dict[int, int], dict[int, TokenLogprobs], dict[int, dict[int, TokenLogprobs]]], None
 ]
@@ -413,20 +413,20 @@ class PipelineExecutor:
         self, result: stage_pb2.StepResult, on_result: ResultHandler
     ) -> None:
         """Delivers a result; one that does not fit its plan takes the pipeline down and
-        rebuilds it. The workers answer a plan they reject (PlanError) with an empty result and
-        keep their state as it was, so the plans after it are rejected too: only new workers,
-        and the engine's requests requeued for recompute, serve again."""
+        rebuilds it. A stage that rejects a plan (PlanError) says so (`rejected`) and keeps its
+        state as it was, so the plans after it are rejected too: only new workers, and the
+        engine's requests requeued for recompute, serve again."""
+        if result.rejected:
+            reason = (
+                f"the workers rejected the plan of micro-batch {result.batch_id} (the "
+                "refusing stages' logs say why)"
+            )
+            self.on_step_fault(result.batch_id, reason)
+            await self.fail(reason)
+            return
         try:
             self._deliver(result, on_result)
         except ValueError as err:  # ResultHandler's contract
-            if not result.seq_ids:
-                reason = (
-                    f"the workers rejected the plan of micro-batch {result.batch_id} (an empty "
-                    "result; the last stage's log says why)"
-                )
-                self.on_step_fault(result.batch_id, reason)
-                await self.fail(reason)
-                return
             # Not something a worker sends: a bug on one side or the other, so the traceback.
             reason = f"the result of micro-batch {result.batch_id} does not fit its plan: {err}"
             log.error("%s", reason, exc_info=err)

@@ -131,7 +131,7 @@ class StepPlan(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[ScheduledSeq, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., decodes: _Optional[_Union[DecodeColumns, _Mapping]] = ..., decodes_at: _Optional[int] = ..., copy_from_blocks: _Optional[_Iterable[int]] = ..., copy_to_blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("batch_id", "seq_ids", "token_ids", "logprob_rows", "logprobs", "top_counts", "top_token_ids", "top_logprobs", "prompt_logprobs")
+    __slots__ = ("batch_id", "seq_ids", "token_ids", "logprob_rows", "logprobs", "top_counts", "top_token_ids", "top_logprobs", "prompt_logprobs", "rejected")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class StepResult(_message.Message):
     TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     seq_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -150,7 +151,8 @@ class StepResult(_message.Message):
     top_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: _containers.RepeatedScalarFieldContainer[float]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
-    def __init__(self, batch_id: _Optional[int] = ..., seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprob_rows: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_counts: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...
+    rejected: bool
+    def __init__(self, batch_id: _Optional[int] = ..., seq_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprob_rows: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_counts: _Optional[_Iterable[int]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., rejected: _Optional[bool] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
     __slots__ = ("seq_id", "first_position", "logprobs", "top_k", "top_token_ids", "top_logprobs")

@@ -1,7 +1,8 @@
 """`python -m controller`, except that one plan is one the stage workers reject: the first
 micro-batch from REJECTED_BATCH_ID on gets a chunk for a sequence no worker knows, so every
-worker raises PlanError, leaves its state as it was, and the last stage answers with an empty
-StepResult (stage_worker/worker.py). A test fault: nothing else of the controller changes."""
+worker raises PlanError, leaves its state as it was, and each stage's TP rank 0 answers with a
+StepResult that says `rejected` (stage_worker/worker.py). A test fault: nothing else of the
+controller changes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A plan the stage workers reject (PlanError) on a live local cluster (PP=2): the controller
 logs it, rebuilds the pipeline and finishes the request as if nothing had happened, instead of
-a receive loop that died on the empty result and a controller that no longer hears its workers.
+a receive loop that died on the refusal and a controller that no longer hears its workers.
 
 The controller is `python -m controller` with one fault: rejected_plan_controller.py sends one
 plan naming a sequence no worker knows, as a controller whose state had drifted from its

@@ -1,7 +1,8 @@
-"""The controller's side of a plan the workers reject, without processes: the empty result that
-answers it takes the pipeline down naming the micro-batch (so it is rebuilt and the requests
-recomputed), and the receive loop goes on reading, where it used to die on the scheduler's
-exception and leave a controller that heard no result, heartbeat or hello again."""
+"""The controller's side of a plan the workers reject, without processes: the `rejected` result
+that answers it takes the pipeline down naming the micro-batch (so it is rebuilt, the requests
+recomputed and those of that micro-batch quarantined), also when no token was due from it, and
+the receive loop goes on reading, where it used to die on the scheduler's exception and leave a
+controller that heard no result, heartbeat or hello again."""
 
 from __future__ import annotations
 
@@ -48,9 +49,7 @@ async def wait_for(predicate: object, what: str) -> None:
     raise AssertionError(f"{what} did not happen")
 
 
-def test_an_empty_result_takes_the_pipeline_down_naming_the_batch_and_hellos_are_still_read() -> (
-    None
-):
+def test_a_rejection_takes_the_pipeline_down_naming_the_batch_and_hellos_are_still_read() -> None:
     async def main() -> None:
         channel = ScriptedChannel()
         pipeline = PipelineExecutor(
@@ -68,15 +67,19 @@ def test_an_empty_result_takes_the_pipeline_down_naming_the_batch_and_hellos_are
             engine.on_pipeline_down()
 
         pipeline.on_down = down
+        pipeline.on_step_fault = engine.on_step_fault
         await pipeline.begin_serving(64, 16, engine.on_result)
         loop = asyncio.create_task(engine.run())
-        handle = engine.add(request("r", prompt_len=5, max_tokens=4))
+        # 50 prompt tokens at a budget of 32: the first micro-batch yields no token.
+        handle = engine.add(request("r", prompt_len=50, max_tokens=4))
         await wait_for(lambda: channel.plans, "a plan sent")
-        channel.worker_says(b"w1", result=stage_pb2.StepResult(batch_id=channel.plans[0]))
+        refused = stage_pb2.StepResult(batch_id=channel.plans[0], rejected=True)
+        channel.worker_says(b"w1", result=refused)
         await wait_for(lambda: downs, "the pipeline going down")
         assert f"rejected the plan of micro-batch {channel.plans[0]}" in downs[0]
         assert not pipeline.up and not engine.pipeline_up
         assert scheduler.num_waiting == 1 and handle.events.empty()  # requeued, not lost
+        assert list(scheduler.quarantine.suspects) == [1]  # to run alone first
         # Still listening: the restarted worker's hello is read and given its place.
         channel.worker_says(b"w2", hello=stage_pb2.WorkerHello(worker_id="w2", model="m"))
         await wait_for(lambda: [w.worker_id for w in pipeline.workers] == ["w2"], "w2 placed")

@@ -29,7 +29,7 @@ def test_the_steps_own_errors_name_the_micro_batch(error: Exception) -> None:
 @pytest.mark.parametrize(
     "error",
     [
-        PlanError("unknown sequence 7"),  # answered with an empty result, as before
+        PlanError("unknown sequence 7"),  # answered with a result that says `rejected`
         zmq.ZMQError(zmq.EHOSTUNREACH),  # the controller is gone
         torch.distributed.DistBackendError("Connection closed by peer"),  # a peer is gone
     ],
