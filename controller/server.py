@@ -172,6 +172,8 @@ def scheduler_status(engine: Engine, pipeline: PipelineExecutor) -> generate_pb2
         time_budget_s=sched.config.time_budget_s,
         tbt_slo_s=sched.config.tbt_slo_s,
         prefix_cache=prefix_cache_status(sched),
+        num_suspects=len(sched.quarantine.suspects),
+        num_quarantined=sched.quarantine.num_convicted,
     )
 
 

@@ -46,6 +46,8 @@ class Quarantine:
         """The micro-batches in flight when the pipeline last went down, by batch id, but those
         judged: a fault report may arrive after the requeue (the executor saw the worker gone
         first)."""
+        self.num_convicted = 0
+        """Sequences ended with an error since start."""
         self._judged: set[int] = set()
         """Batches judged since the pipeline last went down: each TP rank of a stage runs the
         same step and reports the same fault, which counts once."""
@@ -74,6 +76,7 @@ class Quarantine:
             if (alone and seq.num_step_faults > 1) or seq.num_step_faults >= MAX_STEP_FAULTS:
                 failed.append(seq)
                 self.release(seq)
+                self.num_convicted += 1
                 continue
             self.suspects[seq.seq_id] = seq
             cleared = chunk_ends[seq.seq_id] + 1

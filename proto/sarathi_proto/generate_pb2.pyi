@@ -256,7 +256,7 @@ class ControllerPhases(_message.Message):
     def __init__(self, num_results: _Optional[int] = ..., num_tokens: _Optional[int] = ..., schedule_s: _Optional[float] = ..., encode_s: _Optional[float] = ..., send_s: _Optional[float] = ..., receive_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., apply_s: _Optional[float] = ..., detokenize_s: _Optional[float] = ..., stream_s: _Optional[float] = ..., round_trip_s: _Optional[float] = ...) -> None: ...
 
 class SchedulerStatus(_message.Message):
-    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s", "prefix_cache", "idle_budget_tokens", "num_unscheduled")
+    __slots__ = ("policy", "budget_tokens", "num_waiting", "num_running", "kv_usage_pct", "num_preemptions", "pipeline_depth", "tensor_parallel", "num_steps", "controller_busy_s_total", "max_num_seqs", "time_budget_s", "tbt_slo_s", "prefix_cache", "idle_budget_tokens", "num_unscheduled", "num_suspects", "num_quarantined")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +273,8 @@ class SchedulerStatus(_message.Message):
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     IDLE_BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_UNSCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    NUM_SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     policy: str
     budget_tokens: int
     num_waiting: int
@@ -289,7 +291,9 @@ class SchedulerStatus(_message.Message):
     prefix_cache: PrefixCacheStatus
     idle_budget_tokens: int
     num_unscheduled: int
-    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., idle_budget_tokens: _Optional[int] = ..., num_unscheduled: _Optional[int] = ...) -> None: ...
+    num_suspects: int
+    num_quarantined: int
+    def __init__(self, policy: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage_pct: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., pipeline_depth: _Optional[int] = ..., tensor_parallel: _Optional[int] = ..., num_steps: _Optional[int] = ..., controller_busy_s_total: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ..., prefix_cache: _Optional[_Union[PrefixCacheStatus, _Mapping]] = ..., idle_budget_tokens: _Optional[int] = ..., num_unscheduled: _Optional[int] = ..., num_suspects: _Optional[int] = ..., num_quarantined: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStatus(_message.Message):
     __slots__ = ("enabled", "num_requests", "num_hit_requests", "num_prompt_tokens", "num_cached_tokens", "num_cached_blocks", "num_evictions")

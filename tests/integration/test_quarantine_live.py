@@ -87,6 +87,8 @@ def test_a_poisoned_request_ends_internal_and_the_one_beside_it_is_served_whole(
         with pytest.raises(grpc.RpcError) as failed:
             list(stub.Generate(poisoned, timeout=240))
         innocent.join(240)
+        scheduler = stub.Status(generate_pb2.StatusRequest(), timeout=10).scheduler
+    assert scheduler.num_quarantined == 1 and scheduler.num_suspects == 0
     assert failed.value.code() == grpc.StatusCode.INTERNAL
     details = failed.value.details() or ""
     assert "quarantined" in details and f"token {POISON} is poison" in details, details

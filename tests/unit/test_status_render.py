@@ -103,3 +103,14 @@ def test_the_tp_column_shows_the_degree_or_which_ranks_are_connected() -> None:
     assert "0,1,3 of 4" in text  # rank 2 of stage 1 is missing
     assert tp_cell([0], 1) == "1"  # a TP-1 stage reads as TP 1, not as its rank 0
     assert tp_cell([], 4) == "-"
+
+
+def test_the_quarantine_is_said_only_while_it_has_something_to_say() -> None:
+    status = generate_pb2.StatusResponse(model="m", serving=True)
+    status.stages.add(stage=0, host="h", up=True)
+    assert "quarantine" not in rendered(status)
+    status.scheduler.num_suspects = 2
+    status.scheduler.num_quarantined = 1
+    text = " ".join(rendered(status).split())
+    assert "quarantine: 2 requests run alone, one at a time" in text
+    assert "1 ended with an error since start" in text

@@ -9,7 +9,7 @@ import time
 
 import grpc
 from google.protobuf.json_format import MessageToDict
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from sarathi_proto import generate_pb2
@@ -69,9 +69,27 @@ def stage_label(s: generate_pb2.StageStatus) -> str:
 def render(status: generate_pb2.StatusResponse) -> Group:
     stages, sched = stages_table(status), scheduler_table(status.scheduler)
     cache, latency = prefix_cache_table(status.scheduler.prefix_cache), latency_table(status)
+    parts: list[RenderableType] = [stages, sched]
     if status.problem:
-        return Group(f"[bold red]NOT SERVING: {status.problem}[/]", stages, sched, cache, latency)
-    return Group(stages, sched, cache, latency)
+        parts.insert(0, f"[bold red]NOT SERVING: {status.problem}[/]")
+    quarantine = quarantine_line(status.scheduler)
+    if quarantine:
+        parts.append(quarantine)
+    return Group(*parts, cache, latency)
+
+
+def quarantine_line(sc: generate_pb2.SchedulerStatus) -> str:
+    """Said only when there is something to say: requests running alone after their
+    micro-batch failed on a worker, and those ended with an error for it."""
+    said = []
+    if sc.num_suspects:
+        said.append(
+            f"{sc.num_suspects} requests run alone, one at a time, before anything else is "
+            "admitted: their micro-batch failed on a worker"
+        )
+    if sc.num_quarantined:
+        said.append(f"{sc.num_quarantined} ended with an error since start: theirs failed alone")
+    return f"[bold yellow]quarantine: {'; '.join(said)}[/]" if said else ""
 
 
 def stages_table(status: generate_pb2.StatusResponse) -> Table:
