@@ -465,8 +465,8 @@ class Engine:
         suspects = self.scheduler.quarantine.suspects
         if suspects:
             log.warning(
-                "micro-batch %d failed: %d sequences are suspects and run alone, one at a "
-                "time, before anything else is admitted (quarantine)",
+                "micro-batch %d failed; suspects, to run alone one at a time before anything "
+                "else is admitted (quarantine): %d",
                 batch_id,
                 len(suspects),
             )
