@@ -63,7 +63,7 @@ def stuck(
 ) -> bool:
     """What a restart of the controller cures (liveness): a stall, or a pipeline rebuilt for
     longer than rebuild_timeout_s (the time workers have to start)."""
-    overdue = not pipeline.up and time.monotonic() - pipeline.down_since_s >= rebuild_timeout_s
+    overdue = not pipeline.up and time.monotonic() - pipeline.start_since_s >= rebuild_timeout_s
     return overdue or stalled(engine, pipeline, stall_timeout_s)
 
 

@@ -205,6 +205,8 @@ class StageWorker:
         self._timer: StepTimer | None = None
         self._cache_ready = False
         """This pipeline's KV cache is allocated and zeroed (Heartbeat.cache_ready)."""
+        self._refused_plan = False
+        """This stage refused a plan of this pipeline: it runs no later one."""
         self.shard: ShardSpec | None = None
         # A peer behind a cut link never answers: no wait on one may outlast the time after
         # which the controller would count this worker gone anyway, unless the controller says
@@ -583,6 +585,7 @@ class StageWorker:
     # ---- serving ---------------------------------------------------------------------------
     def _serve(self, runner: StageRunner, links: PipelineLinks) -> int:
         self._control.heard_s = time.monotonic()
+        self._refused_plan = False
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
             self._check_controller()
@@ -609,6 +612,12 @@ class StageWorker:
     ) -> None:
         """One step, its phases timed (step_timer.py), then the heartbeat that reports it."""
         shard = runner.model.shard
+        if self._refused_plan:
+            # A plan after one this stage refused: the controller takes the pipeline down. A
+            # stage that took the refused plan waits for its activations; these would be read
+            # as them (the link carries no batch id).
+            logger.info("skipping plan %d after a refused one", plan.batch_id)
+            return
         timer = self._timer
         assert timer is not None
         timer.begin(self._control.received_at)
@@ -620,6 +629,7 @@ class StageWorker:
             # each refusing stage says so at once, and the controller takes the pipeline down,
             # so no stage waits long for activations that will not come.
             logger.error("rejected plan: %s", err)
+            self._refused_plan = True
             if shard.tp_rank == 0:
                 refused = stage_pb2.StepResult(batch_id=plan.batch_id, rejected=True)
                 self._send(stage_pb2.WorkerMessage(result=refused))
@@ -717,6 +727,16 @@ def step_faults(batch_id: int) -> Iterator[None]:
         raise StepFaulted(batch_id, err) from err
 
 
+# torch >= 2.8 raises a device's errors as AcceleratorError; before, as a RuntimeError saying so.
+_ACCELERATOR_ERROR: type[Exception] = getattr(torch, "AcceleratorError", RuntimeError)
+
+
+def is_device_error(err: Exception) -> bool:
+    return isinstance(err, _ACCELERATOR_ERROR) and (
+        _ACCELERATOR_ERROR is not RuntimeError or "CUDA error" in str(err)
+    )
+
+
 @contextlib.contextmanager
 def device_faults(batch_id: int) -> Iterator[None]:
     """Around a link to a peer on CUDA: kernels run asynchronously, and an error of the step's
@@ -724,8 +744,10 @@ def device_faults(batch_id: int) -> Iterator[None]:
     them; that one becomes StepFaulted, a broken link passes as it is."""
     try:
         yield
-    except torch.AcceleratorError as err:
-        raise StepFaulted(batch_id, err) from err
+    except Exception as err:
+        if is_device_error(err):
+            raise StepFaulted(batch_id, err) from err
+        raise
 
 
 def pack_logprobs(result: stage_pb2.StepResult, logprobs: list[TokenLogprobs | None]) -> None:

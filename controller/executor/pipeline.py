@@ -85,6 +85,9 @@ class PipelineExecutor:
         """True while every worker is present and serving."""
         self.down_reason = "the pipeline is starting"
         self.down_since_s = time.monotonic()
+        self.start_since_s = self.down_since_s
+        """When the current start-up began: the pipeline went down, or its rebuild started
+        over (liveness gives each start-up --worker-start-timeout)."""
         self.down_stages: tuple[int, ...] = ()
         """The stages whose workers were lost when the pipeline last went down."""
         self.num_rebuilds = 0
@@ -155,11 +158,24 @@ class PipelineExecutor:
             info.stage,
             info.tp_rank,
         )
-        if self.slots.full:
+        if self.slots.full and not await self._release_gone():
             # Everyone is present: now the rendezvous (hosted by rank 0) is known to all.
             self._assigned = True
             for worker in self.slots.workers.values():
                 await self._assign(worker)
+
+    async def _release_gone(self) -> bool:
+        """Before the places are assigned: frees those whose worker's socket is gone (killed
+        after its hello, its successor in another place), so that none joins torch.distributed
+        with a dead rank. True when one was freed (the pipeline waits for another hello)."""
+        gone = [info for info in self.slots.workers.values() if not await self._reachable(info)]
+        for info in gone:
+            log.warning(
+                "freeing stage %d rank %d: its worker %s is gone",
+                info.stage, info.tp_rank, info.worker_id,
+            )  # fmt: skip
+            self.slots.release(info)
+        return bool(gone)
 
     async def _make_way(self, hello: stage_pb2.WorkerHello) -> None:
         """Before a worker is refused a place that is taken: a holder whose socket is gone (a
@@ -167,6 +183,8 @@ class PipelineExecutor:
         successor is saying hello) gives the place up. Up, that is a lost stage, as any. Down,
         the place is freed; once the places were assigned, the others may be joining
         torch.distributed with the dead one, so the rebuild starts over."""
+        if self._all_ready.is_set() and not self.up:
+            return  # every worker was ready a moment ago: serving starts, and its watch decides
         in_the_way = self.slots.in_the_way(hello)
         gone = [info for info in in_the_way if not await self._reachable(info)]
         if not gone:
@@ -188,12 +206,12 @@ class PipelineExecutor:
                 self.slots.release(info)
 
     async def _reachable(self, info: WorkerInfo) -> bool:
-        """False when the worker's socket is gone (ROUTER_MANDATORY refuses the send); a send
-        that waits (a full queue to a busy worker) counts as reachable."""
+        """False when the worker's socket is gone (ROUTER_MANDATORY refuses the send: host
+        unreachable); a full queue to a busy worker (EAGAIN, or a send that waits) is there."""
         try:
             await asyncio.wait_for(self.channel.send_bytes(info.identity, self._ping()), 1.0)
-        except zmq.ZMQError:
-            return False
+        except zmq.ZMQError as err:
+            return err.errno != zmq.EHOSTUNREACH
         except TimeoutError:
             pass
         return True
@@ -270,6 +288,7 @@ class PipelineExecutor:
 
     async def _start_over(self) -> None:
         """Every place freed and every worker told to exit, for a new start-up."""
+        self.start_since_s = time.monotonic()
         old = list(self.slots.workers.values())
         self.slots = PipelineSlots(self.parallel.pp, self.parallel.tp, self.model)
         self._assigned = False

@@ -72,7 +72,8 @@ def test_a_worker_killed_mid_rebuild_gives_its_place_to_its_successor(
     cluster.kill("stage1-rank0")  # the pipeline goes down; both workers are restarted
     wait_for(lambda: cluster.controller_log().count(PLACE) > taken, 120, "no new stage 1 worker")
     cluster.kill("stage1-rank0")  # it said hello: it holds the place, loading (LOAD_S)
-    wait_for(lambda: "is gone, and" in cluster.controller_log(), 120, "the place stayed taken")
+    # Found by its successor's hello (the place it asks for), or when the places are full.
+    wait_for(lambda: " is gone" in cluster.controller_log(), 120, "the place stayed taken")
 
     request = generate_pb2.GenerateRequest(prompt_token_ids=prompt, max_tokens=12, ignore_eos=True)
     deadline = time.monotonic() + 180

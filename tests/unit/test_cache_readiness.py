@@ -134,16 +134,16 @@ def test_a_rebuild_past_the_worker_start_timeout_marks_the_process_unhealthy() -
 
     class Pipeline:
         up = False
-        down_since_s = time.monotonic() - 10.0
+        start_since_s = time.monotonic() - 10.0  # the rebuild's start, or its last start-over
 
         def preparing_cache(self) -> list[object]:
             return []
 
     engine, pipeline = Engine(), Pipeline()
     assert not stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)  # rebuilding
-    pipeline.down_since_s = time.monotonic() - 301.0
+    pipeline.start_since_s = time.monotonic() - 301.0
     assert stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)
-    pipeline.up = True  # rebuilt: down_since_s no longer counts
+    pipeline.up = True  # rebuilt: start_since_s no longer counts
     assert not stuck(cast(Any, engine), cast(Any, pipeline), 30.0, 300.0)
 
 

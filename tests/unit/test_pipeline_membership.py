@@ -188,11 +188,13 @@ def test_once_the_places_were_assigned_a_gone_worker_starts_the_rebuild_over() -
         (b"s0", hello(stage=0, rank=0, worker="s0")),
         (b"dead", hello(stage=1, rank=0, worker="dead")),
     )
-    assert bodies_to(channel, b"s0") == ["assignment"]  # joining torch.distributed with dead
+    assert bodies_to(channel, b"s0") == ["ping", "assignment"]  # joins torch.distributed
     channel.gone.add(b"dead")
+    started = pipeline.start_since_s
     run_hellos(pipeline, (b"new", hello(stage=1, rank=0, worker="new")))
-    assert bodies_to(channel, b"s0") == ["assignment", "shutdown"]  # to start over
+    assert bodies_to(channel, b"s0")[-1] == "shutdown"  # to start over
     assert list(pipeline.slots.workers) == [(1, 0)] and pipeline.dist_port == 29601
+    assert pipeline.start_since_s > started  # liveness gives the new start-up its whole time
     assert "dead) is gone, and new asks for a place" in pipeline.down_reason
     run_hellos(pipeline, (b"s0b", hello(stage=0, rank=0, worker="s0b")))
     assignment = [m for i, m in channel.sent if i == b"new"][-1].assignment
@@ -233,3 +235,44 @@ def test_a_fault_report_from_a_worker_of_an_earlier_pipeline_does_not_take_this_
     ]
     asyncio.run(pipeline._on_fault(fault, current=True))
     assert not pipeline.up and "failed micro-batch 7: RuntimeError: boom" in pipeline.down_reason
+
+
+def test_a_worker_gone_before_the_places_are_assigned_is_not_assigned_a_place() -> None:
+    """Killed after its hello, its successor asking for any place takes another one: the dead
+    one is found when the places are full, before anyone joins torch.distributed with it."""
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=2, tp=1), "m", "", 29500
+    )
+    run_hellos(pipeline, (b"dead", hello(worker="dead")))
+    channel.gone.add(b"dead")
+    run_hellos(pipeline, (b"new", hello(worker="new")))
+    assert [w.worker_id for w in pipeline.workers] == ["new"]
+    assert "assignment" not in bodies_to(channel, b"new")
+    run_hellos(pipeline, (b"third", hello(worker="third")))
+    assert bodies_to(channel, b"new")[-1] == bodies_to(channel, b"third")[-1] == "assignment"
+
+
+def test_a_busy_workers_full_queue_is_not_a_gone_worker() -> None:
+    class FullChannel(RecordingChannel):
+        async def send_bytes(self, identity: bytes, payload: bytes) -> None:
+            raise zmq.Again()
+
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, FullChannel()), ParallelConfig(pp=1, tp=1), "m", "", 29500
+    )
+    info = pipeline.slots.claim(b"busy", hello(stage=0, rank=0))
+    assert asyncio.run(pipeline._reachable(info))
+
+
+def test_no_place_is_freed_between_every_worker_ready_and_serving() -> None:
+    """The pipeline is about to serve: its watch, not a hello, finds a worker gone then."""
+    channel = GoneWorkersChannel(gone={b"s0"})
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=1, tp=1), "m", "", 29500
+    )
+    pipeline.slots.claim(b"s0", hello(stage=0, rank=0, worker="s0"))
+    pipeline._all_ready.set()
+    run_hellos(pipeline, (b"new", hello(stage=0, rank=0, worker="new")))
+    assert pipeline.slots.workers[(0, 0)].worker_id == "s0"
+    assert bodies_to(channel, b"new") == ["reject"]

@@ -11,13 +11,14 @@ import torch
 import zmq
 from sarathi_proto import stage_pb2
 
+from stage_worker import worker
 from stage_worker.control_socket import ControlSocket
 from stage_worker.errors import PlanError, StepFaulted
 from stage_worker.worker import device_faults, step_faults
 
 
 @pytest.mark.parametrize(
-    "error", [RuntimeError("index out of range"), ValueError("bad"), torch.AcceleratorError("x")]
+    "error", [RuntimeError("index out of range"), ValueError("bad"), RuntimeError("CUDA error")]
 )
 def test_the_steps_own_errors_name_the_micro_batch(error: Exception) -> None:
     with pytest.raises(StepFaulted) as fault, step_faults(12):
@@ -39,11 +40,25 @@ def test_a_refused_plan_and_a_broken_link_pass_as_they_are(error: Exception) -> 
         raise error
 
 
+def device_error() -> Exception:
+    """A kernel's error as this torch raises it (AcceleratorError from torch 2.8 on)."""
+    message = "CUDA error: device-side assert triggered"
+    return getattr(torch, "AcceleratorError", RuntimeError)(message)
+
+
 def test_around_a_link_only_a_device_error_is_the_steps() -> None:
     with pytest.raises(StepFaulted), device_faults(3):
-        raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+        raise device_error()
     with pytest.raises(RuntimeError, match="Connection closed by peer"), device_faults(3):
         raise RuntimeError("Connection closed by peer")  # gloo's: the link
+
+
+def test_before_torch_2_8_a_device_error_is_told_by_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker, "_ACCELERATOR_ERROR", RuntimeError)
+    assert worker.is_device_error(RuntimeError("CUDA error: an illegal memory access"))
+    assert not worker.is_device_error(RuntimeError("Connection closed by peer"))
 
 
 def test_the_last_message_leaves_before_send_last_returns() -> None:
