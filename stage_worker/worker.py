@@ -242,6 +242,14 @@ class StageWorker:
         if self._changed.is_set():
             raise ControllerChanged
 
+    def _check_silence(self, when: str) -> None:
+        """ControllerLost once the controller has said nothing for controller_timeout_s: it
+        pings every worker holding a place, starting or serving (a restarted one at the same
+        address never heard this worker's hello)."""
+        silent_s = time.monotonic() - self._control.heard_s
+        if silent_s > self.config.controller_timeout_s:
+            raise ControllerLost(f"no message from the controller for {silent_s:.1f} s {when}")
+
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
         self._control.send(msg)
 
@@ -281,11 +289,15 @@ class StageWorker:
                 )
             )
         )
+        heard = False  # before the controller has answered, it may not be up yet
         while True:
             msg = self._recv(IDLE_HEARTBEAT_S)
             if msg is None:
                 self._check_controller()
+                if heard:
+                    self._check_silence("while waiting for an assignment")
                 continue
+            heard = True
             if msg.HasField("assignment"):
                 return msg.assignment
             if msg.HasField("shutdown"):
@@ -545,6 +557,7 @@ class StageWorker:
             msg = self._recv(IDLE_HEARTBEAT_S)
             if msg is None:
                 self._check_controller()
+                self._check_silence("while waiting for the KV cache's size")
                 continue
             if msg.HasField("cache"):
                 return msg.cache
@@ -590,9 +603,7 @@ class StageWorker:
             msg = self._recv(IDLE_HEARTBEAT_S)
             self._check_controller()
             if msg is None:
-                silent_s = time.monotonic() - self._control.heard_s
-                if silent_s > self.config.controller_timeout_s:
-                    raise ControllerLost(f"no message from the controller for {silent_s:.1f} s")
+                self._check_silence("while serving")
                 self._heartbeat(0.0)
                 continue
             if msg.HasField("ping"):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import zmq
 from sarathi_proto import stage_pb2
@@ -47,6 +47,10 @@ ResultHandler = Callable[
 ]
 # How often the watchdog looks at heartbeats and pings the workers.
 _WATCH_PERIOD_S = 0.5
+
+
+def _named(gone: Sequence[WorkerInfo]) -> str:
+    return "; ".join(f"stage {w.stage} rank {w.tp_rank} ({w.worker_id}) is gone" for w in gone)
 
 
 class PipelineExecutor:
@@ -120,6 +124,7 @@ class PipelineExecutor:
             self._tasks.append(
                 start_watched(self._receive_loop(), "pipeline-recv", self._task_failed)
             )
+            self._tasks.append(start_watched(self._watch(), "pipeline-watchdog", self._task_failed))
         try:
             await asyncio.wait_for(self._all_ready.wait(), timeout_s)
         except TimeoutError:
@@ -168,42 +173,42 @@ class PipelineExecutor:
         """Before the places are assigned: frees those whose worker's socket is gone (killed
         after its hello, its successor in another place), so that none joins torch.distributed
         with a dead rank. True when one was freed (the pipeline waits for another hello)."""
-        gone = [info for info in self.slots.workers.values() if not await self._reachable(info)]
+        gone = await self._gone(self.slots.workers.values())
+        if gone:
+            log.warning("freeing places: %s", _named(gone))
         for info in gone:
-            log.warning(
-                "freeing stage %d rank %d: its worker %s is gone",
-                info.stage, info.tp_rank, info.worker_id,
-            )  # fmt: skip
             self.slots.release(info)
         return bool(gone)
 
     async def _make_way(self, hello: stage_pb2.WorkerHello) -> None:
         """Before a worker is refused a place that is taken: a holder whose socket is gone (a
         worker killed while the pipeline was being rebuilt, or before its loss was noticed, whose
-        successor is saying hello) gives the place up. Up, that is a lost stage, as any. Down,
-        the place is freed; once the places were assigned, the others may be joining
-        torch.distributed with the dead one, so the rebuild starts over."""
+        successor is saying hello) gives the place up (_let_go)."""
         if self._all_ready.is_set() and not self.up:
             return  # every worker was ready a moment ago: serving starts, and its watch decides
-        in_the_way = self.slots.in_the_way(hello)
-        gone = [info for info in in_the_way if not await self._reachable(info)]
-        if not gone:
-            return
-        reason = "; ".join(
-            f"stage {info.stage} rank {info.tp_rank} ({info.worker_id}) is gone" for info in gone
-        )
-        reason += f", and {hello.worker_id} asks for a place"
+        gone = await self._gone(self.slots.in_the_way(hello))
+        if gone:
+            await self._let_go(gone, f"{_named(gone)}, and {hello.worker_id} asks for a place")
+
+    async def _let_go(self, gone: list[WorkerInfo], reason: str) -> None:
+        """Workers whose sockets are gone give up their places. Up, that is a lost stage, as
+        any. Down, the places are freed; once they were assigned, the others may be joining
+        torch.distributed with a dead one, so the start-up starts over."""
         stages = [info.stage for info in gone]
         if self.up:
             await self.fail(reason, stages)
         elif self._assigned:
-            log.warning("the rebuild starts over: %s", reason)
+            log.warning("the start-up starts over: %s", reason)
             self._down_for(reason, stages)
             await self._start_over()
         else:
             log.warning("freeing places: %s", reason)
             for info in gone:
                 self.slots.release(info)
+
+    async def _gone(self, workers: Iterable[WorkerInfo]) -> list[WorkerInfo]:
+        """Those of workers whose sockets are gone (each is sent a ping)."""
+        return [info for info in list(workers) if not await self._reachable(info)]
 
     async def _reachable(self, info: WorkerInfo) -> bool:
         """False when the worker's socket is gone (ROUTER_MANDATORY refuses the send: host
@@ -257,7 +262,6 @@ class PipelineExecutor:
         await self._send_cache()
         self.started_at = time.monotonic()
         self.up, self.down_reason, self.last_refusal = True, "", ""
-        self._tasks.append(start_watched(self._watch(), "pipeline-watchdog", self._task_failed))
 
     def _task_failed(self, name: str) -> None:
         self.on_task_failed(name)  # looked up now: set after the tasks started
@@ -332,6 +336,7 @@ class PipelineExecutor:
         while True:
             await asyncio.sleep(_WATCH_PERIOD_S)
             if not self.up:
+                await self._ping_while_down()
                 continue
             lost, lost_stages = self._silent_workers(time.monotonic())
             if not lost:  # a ping says every worker is heard from
@@ -344,6 +349,17 @@ class PipelineExecutor:
                         lost_stages.append(info.stage)
             if lost:
                 await self.fail("; ".join(lost), lost_stages)
+
+    async def _ping_while_down(self) -> None:
+        """While the pipeline starts (or is rebuilt): a ping to every worker holding a place
+        says the controller is there (a worker waiting for its assignment or its cache leaves
+        after --controller-timeout of silence, to find a restarted controller), and finds those
+        gone meanwhile without waiting for a successor's hello."""
+        if self._all_ready.is_set():
+            return  # serving starts now; the watch looks once it has
+        gone = await self._gone(self.slots.workers.values())
+        if gone:
+            await self._let_go(gone, f"{_named(gone)} while the pipeline was starting")
 
     def _silent_workers(self, now: float) -> tuple[list[str], list[int]]:
         """Every worker not heard from within the heartbeat timeout, named, and its stage."""
@@ -522,5 +538,5 @@ class PipelineExecutor:
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
-        """The receive loop and, once serving, the watchdog."""
+        """The receive loop and the watchdog."""
         return list(self._tasks)

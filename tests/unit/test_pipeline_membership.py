@@ -276,3 +276,22 @@ def test_no_place_is_freed_between_every_worker_ready_and_serving() -> None:
     run_hellos(pipeline, (b"new", hello(stage=0, rank=0, worker="new")))
     assert pipeline.slots.workers[(0, 0)].worker_id == "s0"
     assert bodies_to(channel, b"new") == ["reject"]
+
+
+def test_while_starting_the_watch_pings_every_place_holder_and_frees_the_gone() -> None:
+    """Waiting workers hear the controller is there; one killed meanwhile is found without a
+    successor's hello."""
+    channel = GoneWorkersChannel(gone=set())
+    pipeline = PipelineExecutor(
+        cast(ControlChannel, channel), ParallelConfig(pp=3, tp=1), "m", "", 29500
+    )
+    run_hellos(
+        pipeline,
+        (b"s0", hello(stage=0, rank=0, worker="s0")),
+        (b"dead", hello(stage=1, rank=0, worker="dead")),
+    )
+    channel.gone.add(b"dead")
+    asyncio.run(pipeline._ping_while_down())
+    assert bodies_to(channel, b"s0") == ["ping"]
+    assert list(pipeline.slots.workers) == [(0, 0)]
+    assert not pipeline.up
