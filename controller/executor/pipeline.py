@@ -175,9 +175,7 @@ class PipelineExecutor:
         with a dead rank. True when one was freed (the pipeline waits for another hello)."""
         gone = await self._gone(self.slots.workers.values())
         if gone:
-            log.warning("freeing places: %s", _named(gone))
-        for info in gone:
-            self.slots.release(info)
+            await self._let_go(gone, f"{_named(gone)} as the places fill")
         return bool(gone)
 
     async def _make_way(self, hello: stage_pb2.WorkerHello) -> None:
