@@ -250,6 +250,19 @@ class StageWorker:
         if silent_s > self.config.controller_timeout_s:
             raise ControllerLost(f"no message from the controller for {silent_s:.1f} s {when}")
 
+    def _check_silence_joining(self, when: str) -> None:
+        """_check_silence before serving. In cluster mode a silent controller's successor is
+        joined in this process (ControllerChanged) if etcd names one within the timeout, as
+        while serving (_after_controller_lost); a lease longer than the timeout may name it
+        later than the silence shows."""
+        try:
+            self._check_silence(when)
+        except ControllerLost:
+            timeout_s = self.config.controller_timeout_s
+            if self._next_controller is not None and self._changed.wait(timeout_s):
+                raise ControllerChanged from None
+            raise
+
     def _send(self, msg: stage_pb2.WorkerMessage) -> None:
         self._control.send(msg)
 
@@ -295,7 +308,7 @@ class StageWorker:
             if msg is None:
                 self._check_controller()
                 if heard:
-                    self._check_silence("while waiting for an assignment")
+                    self._check_silence_joining("while waiting for an assignment")
                 continue
             heard = True
             if msg.HasField("assignment"):
@@ -557,7 +570,7 @@ class StageWorker:
             msg = self._recv(IDLE_HEARTBEAT_S)
             if msg is None:
                 self._check_controller()
-                self._check_silence("while waiting for the KV cache's size")
+                self._check_silence_joining("while waiting for the KV cache's size")
                 continue
             if msg.HasField("cache"):
                 return msg.cache

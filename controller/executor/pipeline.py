@@ -115,6 +115,9 @@ class PipelineExecutor:
         self._assigned = False
         """Every place was filled and assigned since the pipeline last went down."""
         self._all_ready = asyncio.Event()
+        self._places = asyncio.Lock()
+        """Held while the places change on a hello, a ready or the watch's look at them while
+        the pipeline is down: each awaits sends, and must not act on what another changed."""
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- start-up -------------------------------------------------------------------------
@@ -140,6 +143,10 @@ class PipelineExecutor:
         return min(w.num_kv_blocks for w in self.slots.workers.values())
 
     async def _on_hello(self, identity: bytes, hello: stage_pb2.WorkerHello) -> None:
+        async with self._places:
+            await self._place(identity, hello)
+
+    async def _place(self, identity: bytes, hello: stage_pb2.WorkerHello) -> None:
         await self._make_way(hello)
         try:
             info = self.slots.claim(identity, hello)
@@ -233,6 +240,10 @@ class PipelineExecutor:
         await self._send_quietly(info.identity, stage_pb2.ControllerMessage(assignment=assignment))
 
     async def _on_ready(self, identity: bytes, ready: stage_pb2.WorkerReady) -> None:
+        async with self._places:
+            await self._mark_ready(identity, ready)
+
+    async def _mark_ready(self, identity: bytes, ready: stage_pb2.WorkerReady) -> None:
         info = self.slots.by_identity(identity)
         if info is None:
             log.warning("ready from an unknown worker; ignored")
@@ -353,11 +364,12 @@ class PipelineExecutor:
         says the controller is there (a worker waiting for its assignment or its cache leaves
         after --controller-timeout of silence, to find a restarted controller), and finds those
         gone meanwhile without waiting for a successor's hello."""
-        if self._all_ready.is_set():
-            return  # serving starts now; the watch looks once it has
-        gone = await self._gone(self.slots.workers.values())
-        if gone:
-            await self._let_go(gone, f"{_named(gone)} while the pipeline was starting")
+        async with self._places:  # what it finds holds until it has acted on it
+            if self.up or self._all_ready.is_set():
+                return  # serving (starts now): the watch looks once it has
+            gone = await self._gone(self.slots.workers.values())
+            if gone:
+                await self._let_go(gone, f"{_named(gone)} while the pipeline was starting")
 
     def _silent_workers(self, now: float) -> tuple[list[str], list[int]]:
         """Every worker not heard from within the heartbeat timeout, named, and its stage."""

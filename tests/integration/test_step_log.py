@@ -5,6 +5,9 @@ time, and the calibration fits a profile from them."""
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sarathi_proto import generate_pb2
@@ -20,6 +23,15 @@ pytestmark = pytest.mark.integration
 
 PROMPT_TOKENS = (100, 40, 7, 64, 20, 3, 90, 12)
 OUTPUT_TOKENS = 5
+DECODES = len(PROMPT_TOKENS) * (OUTPUT_TOKENS - 1)  # the first token comes with the prompt
+
+
+def read_lines(step_log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in step_log.read_text().splitlines()]
+
+
+def num_decodes(lines: list[dict[str, Any]]) -> int:
+    return sum(line["decodes"] for line in lines)
 
 
 def test_the_step_log_accounts_for_every_token_with_each_stages_time(
@@ -40,9 +52,14 @@ def test_the_step_log_accounts_for_every_token_with_each_stages_time(
                 ignore_eos=True,
             )
             assert len([r for r in client.generate(request, timeout_s=120) if r.token_ids]) > 0
-    lines = [json.loads(line) for line in step_log.read_text().splitlines()]
+        # A line is written once both stages' heartbeats after its step are in: the last may
+        # come a moment after the last token has streamed.
+        deadline = time.monotonic() + 10
+        while num_decodes(read_lines(step_log)) < DECODES and time.monotonic() < deadline:
+            time.sleep(0.1)
+    lines = read_lines(step_log)
     assert sum(line["prompt_tokens"] for line in lines) == sum(PROMPT_TOKENS)
-    assert sum(line["decodes"] for line in lines) == len(PROMPT_TOKENS) * (OUTPUT_TOKENS - 1)
+    assert num_decodes(lines) == DECODES
     # The 100-token prompt alone, shared over the two stages in tiles of 32 (spread prompts,
     # the default at PP=2): 32 and 32 in flight together, then the last 36.
     chunks = [(line["prompt_tokens"], line["prefill_pairs"]) for line in lines[:3]]

@@ -37,6 +37,9 @@ class RunResult:
     heartbeats: list[stage_pb2.Heartbeat] = field(default_factory=list)
 
 
+_PING = stage_pb2.ControllerMessage(ping=stage_pb2.Ping()).SerializeToString()
+
+
 class LocalPipeline:
     """PP x TP stage workers on this machine. Use as a context manager."""
 
@@ -104,11 +107,15 @@ class LocalPipeline:
         return "\n".join(out)
 
     def _recv(self) -> tuple[bytes, stage_pb2.WorkerMessage]:
+        """The next message; meanwhile every worker known is pinged, as a controller does: a
+        worker that hears nothing for its --controller-timeout leaves."""
         deadline = time.monotonic() + self.timeout_s
         while not self.sock.poll(200):
             dead = [p.returncode for p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(f"workers exited {dead} or timed out\n{self.logs()}")
+            for identity in self.identities.values():
+                self.sock.send_multipart([identity, _PING])
         identity, frame = self.sock.recv_multipart()
         msg = stage_pb2.WorkerMessage()
         msg.ParseFromString(frame)

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,18 +103,34 @@ def test_preempted_sequence_is_recomputed_across_processes(
         assert run.tokens[seq_id] == oracle_greedy(oracle, prompt, max_tokens)
 
 
-def test_bad_plan_is_answered_empty_and_the_pipeline_keeps_serving(
+def test_a_refused_plan_is_said_by_each_stage_and_no_later_plan_runs(
     tiny_checkpoint: Callable[[str], Path],
 ) -> None:
+    """Each refusing stage answers at once (the controller takes the pipeline down); a later
+    plan is not run, since a stage that took the refused one would read its activations as the
+    refused one's. The workers wait to be told to leave, and leave cleanly."""
     model_dir = tiny_checkpoint("llama")
     with LocalPipeline(model_dir, pp=2, tp=1, max_kv_blocks=16) as pipeline:
         bad = stage_pb2.StepPlan(batch_id=1)
         bad.seqs.add(seq_id=42, first_position=0, num_tokens=1, yields_token=True, token_ids=[1])
         pipeline.send_plan(bad, bad)
-        assert list(pipeline.wait_result().seq_ids) == []
-        run = pipeline.generate(make_prompts((9,)), 3)
-    oracle = load_oracle(model_dir)
-    assert run.tokens[0] == oracle_greedy(oracle, make_prompts((9,))[0], 3)
+        refusals = [pipeline.wait_result() for _ in range(2)]  # stage 0's and stage 1's
+        assert [(r.batch_id, r.rejected, list(r.seq_ids)) for r in refusals] == [(1, True, [])] * 2
+        good = stage_pb2.StepPlan(batch_id=2)
+        good.seqs.add(
+            seq_id=7, first_position=0, num_tokens=3, yields_token=True, token_ids=[1, 2, 3],
+            sampling=stage_pb2.SamplingParams(),
+        )  # fmt: skip
+        pipeline.send_plan(good, good)
+        kinds = []  # what the workers say for 2 s: heartbeats, answering the driver's pings
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if pipeline.sock.poll(100):
+                _, frame = pipeline.sock.recv_multipart()
+                kinds.append(stage_pb2.WorkerMessage.FromString(frame).WhichOneof("body"))
+        assert "result" not in kinds and "heartbeat" in kinds, kinds
+        assert all(p.poll() is None for p in pipeline.procs)
+        assert pipeline.close() == [0, 0]
 
 
 def test_bad_checkpoint_fails_at_start_up_naming_the_field(
