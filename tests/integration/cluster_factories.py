@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,7 +18,25 @@ from tests.unit.stage_worker import tiny_models
 
 VOCAB_SIZE = 320  # the tokenizer uses 300 of them; the rest are never produced by it
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 Cluster = TypeVar("Cluster", bound=LocalCluster)
+
+
+@dataclass
+class PatchedCluster(LocalCluster):
+    """A local cluster whose children named `patched` ("controller", or "stage" for every
+    worker) run `module` instead: the same process with one test fault planted, configured by
+    extra_env. A restart passes the args kept by _spawn: the same module again."""
+
+    patched: str = ""
+    module: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        if self.patched and name.startswith(self.patched):
+            args = ["-m", self.module, *args[2:]]  # args[:2]: -m and the package's own name
+            env = dict(env, PYTHONPATH=str(REPO_ROOT), **self.extra_env)
+        super()._spawn(name, args, env)
 
 
 @contextmanager

@@ -18,9 +18,10 @@ import grpc
 import httpx
 import pytest
 from sarathi_proto import generate_pb2, generate_pb2_grpc
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import LocalClusterConfig
 
 from tests.integration.cluster_factories import (
+    PatchedCluster,
     make_tiny_served_model,
     oracle_greedy,
     supervised,
@@ -28,35 +29,29 @@ from tests.integration.cluster_factories import (
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 POISON = 299
 INNOCENT = [5, 17, 33, 80, 101, 7, 9]
 POISONED = [3, 8, POISON, 4, 11]
 
 
-class PoisonCluster(LocalCluster):
-    """A local cluster whose workers fail every step that holds the token POISON."""
-
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        if name.startswith("stage"):  # a restart passes the args kept below: the same again
-            args = ["-m", "tests.integration.poison_worker", *args[2:]]
-            env = dict(env, PYTHONPATH=str(REPO_ROOT), SARATHI_TEST_POISON_TOKEN=str(POISON))
-        super()._spawn(name, args, env)
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoisonCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PatchedCluster]:
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-poison")
     config = LocalClusterConfig(
         model_dir=str(model_dir), pp=1, budget_tokens=64, port=0, http_port=0,
         kv_cache_bytes=16 << 20, log_dir=str(tmp_path_factory.mktemp("logs")),
     )  # fmt: skip
-    with supervised(PoisonCluster(config)) as running:
+    # Its workers fail every step that holds the token POISON.
+    poisoned = PatchedCluster(
+        config, patched="stage", module="tests.integration.poison_worker",
+        extra_env={"SARATHI_TEST_POISON_TOKEN": str(POISON)},
+    )  # fmt: skip
+    with supervised(poisoned) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def expected(cluster: PoisonCluster) -> list[int]:
+def expected(cluster: PatchedCluster) -> list[int]:
     tokens = oracle_greedy(Path(cluster.config.model_dir), INNOCENT, 40)
     assert POISON not in tokens  # else the innocent request would be poisoned too
     return tokens
@@ -67,7 +62,7 @@ def innocent_request() -> generate_pb2.GenerateRequest:
 
 
 def test_a_poisoned_request_ends_internal_and_the_one_beside_it_is_served_whole(
-    cluster: PoisonCluster, expected: list[int]
+    cluster: PatchedCluster, expected: list[int]
 ) -> None:
     got: list[int] = []
     streaming = threading.Event()
@@ -98,7 +93,7 @@ def test_a_poisoned_request_ends_internal_and_the_one_beside_it_is_served_whole(
 
 
 def test_over_http_it_is_a_500_whole_and_an_error_chunk_streamed_and_serving_goes_on(
-    cluster: PoisonCluster, expected: list[int]
+    cluster: PatchedCluster, expected: list[int]
 ) -> None:
     url = f"http://127.0.0.1:{cluster.http_port}/v1/completions"
     body = {"model": Path(cluster.config.model_dir).name, "prompt": POISONED, "max_tokens": 8}

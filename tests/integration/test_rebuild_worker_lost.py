@@ -16,9 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 from sarathi_proto import generate_pb2, generate_pb2_grpc
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import LocalClusterConfig
 
 from tests.integration.cluster_factories import (
+    PatchedCluster,
     make_tiny_served_model,
     oracle_greedy,
     supervised,
@@ -26,18 +27,11 @@ from tests.integration.cluster_factories import (
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOAD_S = 4.0
 PLACE = "-> stage 1 rank 0"  # the controller's log line when a worker takes stage 1's place
 
 
-class SlowLoadCluster(LocalCluster):
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        if name.startswith("stage"):  # a restart passes the args kept below: the same again
-            args = ["-m", "tests.integration.slow_load_worker", *args[2:]]
-            env = dict(env, PYTHONPATH=str(REPO_ROOT), SARATHI_TEST_LOAD_S=str(LOAD_S))
-        super()._spawn(name, args, env)
-
+class SlowLoadCluster(PatchedCluster):
     def kill(self, name: str) -> None:
         dict(self.procs)[name].send_signal(signal.SIGKILL)
 
@@ -52,7 +46,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlowLoadCluste
         model_dir=str(model_dir), pp=2, budget_tokens=64, port=0, kv_cache_bytes=16 << 20,
         log_dir=str(tmp_path_factory.mktemp("logs")),
     )  # fmt: skip
-    with supervised(SlowLoadCluster(config)) as running:
+    slow = SlowLoadCluster(
+        config, patched="stage", module="tests.integration.slow_load_worker",
+        extra_env={"SARATHI_TEST_LOAD_S": str(LOAD_S)},
+    )  # fmt: skip
+    with supervised(slow) as running:
         yield running
 
 

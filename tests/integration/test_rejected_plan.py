@@ -15,9 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 from sarathi_proto import generate_pb2, generate_pb2_grpc
-from sarathictl.local_cluster import LocalCluster, LocalClusterConfig
+from sarathictl.local_cluster import LocalClusterConfig
 
 from tests.integration.cluster_factories import (
+    PatchedCluster,
     make_tiny_served_model,
     oracle_greedy,
     supervised,
@@ -25,32 +26,22 @@ from tests.integration.cluster_factories import (
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REJECTED_BATCH_ID = 6  # the fifth decode of the first request: it is mid-stream
 
 
-class RejectingCluster(LocalCluster):
-    """A local cluster whose controller sends one plan the workers reject."""
-
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        if name == "controller":
-            args = ["-m", "tests.integration.rejected_plan_controller", *args[2:]]
-            env = dict(
-                env,
-                PYTHONPATH=str(REPO_ROOT),
-                SARATHI_TEST_REJECTED_BATCH_ID=str(REJECTED_BATCH_ID),
-            )
-        super()._spawn(name, args, env)
-
-
 @pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RejectingCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PatchedCluster]:
     model_dir = make_tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-rejected")
     config = LocalClusterConfig(
         model_dir=str(model_dir), pp=2, budget_tokens=64, port=0, kv_cache_bytes=16 << 20,
         log_dir=str(tmp_path_factory.mktemp("logs")),
     )  # fmt: skip
-    with supervised(RejectingCluster(config)) as running:
+    # Its controller sends one plan the workers reject.
+    rejecting = PatchedCluster(
+        config, patched="controller", module="tests.integration.rejected_plan_controller",
+        extra_env={"SARATHI_TEST_REJECTED_BATCH_ID": str(REJECTED_BATCH_ID)},
+    )  # fmt: skip
+    with supervised(rejecting) as running:
         yield running
 
 
@@ -62,7 +53,7 @@ def stream_tokens(stub: generate_pb2_grpc.GenerationStub, prompt: list[int]) -> 
 
 
 def test_a_rejected_plan_is_logged_the_pipeline_rebuilt_and_the_stream_completes(
-    cluster: RejectingCluster,
+    cluster: PatchedCluster,
 ) -> None:
     prompt = [5, 17, 33, 80, 101, 7, 9]
     expected = oracle_greedy(Path(cluster.config.model_dir), prompt, 24)
